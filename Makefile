@@ -1,0 +1,58 @@
+# make test / make bench work from a fresh clone: they create .venv, install the pinned
+# requirements, build the extension against that torch, then run. Stamps keep a second run from
+# reinstalling or rebuilding what has not changed.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+DEPS := $(VENV)/.deps-installed
+BUILT := $(VENV)/.torchfeed-built
+SOURCES := CMakeLists.txt pyproject.toml python/torchfeed/_build_config.py.in \
+           $(shell find csrc -type f 2>/dev/null)
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+
+.PHONY: all venv deps build test bench bench-pytest wheel lint format clean
+
+all: build
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+venv: $(PY)
+
+$(DEPS): requirements-dev.txt | $(PY)
+	$(PIP) install -q -r requirements-dev.txt
+	touch $@
+
+deps: $(DEPS)
+
+$(BUILT): $(DEPS) $(SOURCES)
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+build: $(BUILT)
+
+lint: $(DEPS)
+	$(VENV)/bin/ruff check python tests bench scripts
+
+format: $(DEPS)
+	$(VENV)/bin/ruff format python tests bench scripts
+
+test: build lint
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# The main job: the end-to-end pipeline benchmark on the built-in dataset.
+bench: build
+	$(VENV)/bin/torchfeed bench $(BENCH_ARGS)
+
+# Kernel-level comparisons against the named baselines (pytest-benchmark).
+bench-pytest: build
+	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,iqr,rounds \
+	    --benchmark-sort=name $(PYTEST_ARGS)
+
+wheel: $(DEPS)
+	$(PIP) wheel --no-build-isolation --no-deps -w dist .
+
+clean:
+	rm -rf build dist $(BUILT)

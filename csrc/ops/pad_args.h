@@ -1,0 +1,104 @@
+// Host-side argument checks and output allocation of the pad ops, shared by the CPU and CUDA
+// backends so both reject the same inputs with the same words.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace torchfeed::pad {
+
+struct Outputs {
+  at::Tensor padded;   // [B, length, *feat], dtype of the values
+  at::Tensor mask;     // [B, length] bool, true on real elements
+  at::Tensor lengths;  // [B] int64, kept lengths
+};
+
+inline void check_options(const char* op, int64_t length, int64_t max_length) {
+  TORCH_CHECK_VALUE(length >= 0, op, ": length must be >= 0, got ", length);
+  TORCH_CHECK_VALUE(max_length == -1 || max_length >= 1, op,
+                    ": max_length must be >= 1 (or -1 for no limit), got ", max_length);
+}
+
+inline void check_element_type(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_TYPE(!t.is_quantized(), op, ": ", name, " must not be quantized, got ",
+                   t.scalar_type());
+}
+
+// values: [N, *feat]; offsets: [B+1] int64 on the same device.
+inline void check_packed(const char* op, const at::Tensor& values, const at::Tensor& offsets) {
+  TORCH_CHECK_VALUE(values.dim() >= 1, op,
+                    ": values must have at least one dimension ([N, *feat]), got a 0-d tensor");
+  check_element_type(op, "values", values);
+  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kLong, op, ": offsets must be int64, got ",
+                   offsets.scalar_type());
+  TORCH_CHECK_VALUE(offsets.dim() == 1 && offsets.size(0) >= 1, op,
+                    ": offsets must be 1-D with B+1 >= 1 entries, got shape ", offsets.sizes());
+  TORCH_CHECK_VALUE(offsets.device() == values.device(), op,
+                    ": offsets must be on the device of values (", values.device(), "), got ",
+                    offsets.device());
+}
+
+// Offsets read on the host (CPU backend, or host copies): start at 0, never decrease, end at N.
+inline void check_offsets_values(const char* op, const int64_t* offsets, int64_t count,
+                                 int64_t total) {
+  TORCH_CHECK_VALUE(offsets[0] == 0, op, ": offsets[0] must be 0, got ", offsets[0]);
+  for (int64_t i = 1; i < count; ++i) {
+    TORCH_CHECK_VALUE(offsets[i] >= offsets[i - 1], op,
+                      ": offsets must be non-decreasing, got offsets[", i - 1,
+                      "]=", offsets[i - 1], " > offsets[", i, "]=", offsets[i]);
+  }
+  TORCH_CHECK_VALUE(offsets[count - 1] == total, op, ": offsets[-1] must equal values.size(0)=",
+                    total, ", got ", offsets[count - 1]);
+}
+
+// sequences: B tensors [n_i, *feat] of one dtype, one device, equal trailing dims.
+inline void check_sequences(const char* op, at::TensorList seqs) {
+  TORCH_CHECK_VALUE(!seqs.empty(), op, ": sequences must hold at least one tensor, got none");
+  const at::Tensor& first = seqs[0];
+  check_element_type(op, "sequences[0]", first);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const at::Tensor& s = seqs[i];
+    TORCH_CHECK_VALUE(s.dim() >= 1, op, ": sequences[", i,
+                      "] must have at least one dimension ([n, *feat]), got a 0-d tensor");
+    TORCH_CHECK_TYPE(s.scalar_type() == first.scalar_type(), op, ": sequences[", i,
+                     "] has dtype ", s.scalar_type(), " but sequences[0] has ",
+                     first.scalar_type(), " (all sequences must share one dtype)");
+    TORCH_CHECK_VALUE(s.device() == first.device(), op, ": sequences[", i, "] is on ",
+                      s.device(), " but sequences[0] is on ", first.device(),
+                      " (all sequences must share one device)");
+    TORCH_CHECK_VALUE(s.sizes().slice(1) == first.sizes().slice(1), op, ": sequences[", i,
+                      "] has trailing dims ", s.sizes().slice(1), " but sequences[0] has ",
+                      first.sizes().slice(1), " (only dim 0 may differ)");
+  }
+}
+
+inline Outputs allocate(const at::Tensor& like, int64_t batch, int64_t length) {
+  std::vector<int64_t> shape{batch, length};
+  const auto feat = like.sizes().slice(1);
+  shape.insert(shape.end(), feat.begin(), feat.end());
+  return Outputs{at::empty(shape, like.options()),
+                 at::empty({batch, length}, like.options().dtype(at::kBool)),
+                 at::empty({batch}, like.options().dtype(at::kLong))};
+}
+
+// The pad value as one element of `dtype`, in a 0-d CPU tensor whose bytes the kernels copy.
+inline at::Tensor pad_element(const char* op, const at::Scalar& pad_value, at::ScalarType dtype) {
+  at::Tensor element = at::empty({}, at::TensorOptions().dtype(dtype));
+  try {
+    element.fill_(pad_value);
+  } catch (const std::exception& e) {
+    TORCH_CHECK_VALUE(false, op, ": pad_value ", pad_value, " cannot be represented in ", dtype);
+  }
+  return element;
+}
+
+// Elements per row of the values: the product of the trailing dims (works when N == 0).
+inline int64_t row_numel(const at::Tensor& like) {
+  int64_t n = 1;
+  for (int64_t d : like.sizes().slice(1)) n *= d;
+  return n;
+}
+
+}  // namespace torchfeed::pad

@@ -1,0 +1,19 @@
+"""torchfeed: keeps accelerators fed.
+
+Fused pad-and-mask collation for ragged sequences, fused per-image augmentation on uint8
+batches, a pinned host-buffer ring and a device prefetcher, behind the standard PyTorch data
+hooks.
+"""
+
+from torchfeed import _extension
+
+_C = _extension.load()
+
+from torchfeed._build import build_info  # noqa: E402
+from torchfeed.collate import PadCollate  # noqa: E402
+from torchfeed.padding import Padded, pad, pad_packed  # noqa: E402
+from torchfeed.ragged import RaggedBatch  # noqa: E402
+
+__version__ = _C.build_info()["version"]
+
+__all__ = ["PadCollate", "Padded", "RaggedBatch", "__version__", "build_info", "pad", "pad_packed"]

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchfeed
+
+GPU = torch.cuda.is_available() and torchfeed.build_info()["cuda_compiled"]
+
+# Every dtype the copy kernels support: they move elements as bit patterns, so this covers each
+# element size and each kind (bool, unsigned, signed, float, float8, complex).
+ALL_DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.complex64,
+    torch.complex128,
+]
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def pytest_collection_modifyitems(config, items):
+    if GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU and a build with CUDA kernels")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as integers, so any two dtypes compare exactly (float8 and complex
+    have no == on every device)."""
+    return t.contiguous().view(torch.uint8).reshape(-1)
+
+
+def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert torch.equal(bits(actual).cpu(), bits(expected).cpu())
+
+
+def random_values(shape, dtype, generator=None) -> torch.Tensor:
+    """Random, never-constant data of any dtype (float8 via float32)."""
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if dtype.is_complex:
+        return torch.randn(shape, dtype=dtype, generator=generator)
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=generator) * 4).to(dtype)
+    hi = 100 if dtype != torch.uint8 else 250
+    lo = 0 if dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64) else -100
+    return torch.randint(lo, hi, shape, generator=generator).to(dtype)
