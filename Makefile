@@ -34,10 +34,11 @@ $(BUILT): $(DEPS) $(SOURCES)
 build: $(BUILT)
 
 lint: $(DEPS)
-	$(VENV)/bin/ruff check python tests bench scripts
+	$(VENV)/bin/ruff check python tests bench conftest.py
+	$(VENV)/bin/ruff format --check python tests bench conftest.py
 
 format: $(DEPS)
-	$(VENV)/bin/ruff format python tests bench scripts
+	$(VENV)/bin/ruff format python tests bench conftest.py
 
 test: build lint
 	$(PY) -m pytest tests $(PYTEST_ARGS)

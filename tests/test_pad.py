@@ -12,8 +12,9 @@ from torch.nn.utils.rnn import pad_sequence
 
 import torchfeed
 import torchfeed.padding as pad_module
-from conftest import ALL_DTYPES, DEVICES, assert_bits_equal, random_values
 from torchfeed import reference
+
+from helpers import ALL_DTYPES, DEVICES, assert_bits_equal, random_values
 
 
 def sample_sequences(device: str, dtype: torch.dtype):

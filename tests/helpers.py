@@ -1,11 +1,9 @@
+"""Shared test helpers: dtypes, devices, exact comparisons, random data."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
-import torchfeed
-
-GPU = torch.cuda.is_available() and torchfeed.build_info()["cuda_compiled"]
 
 # Every dtype the copy kernels support: they move elements as bit patterns, so this covers each
 # element size and each kind (bool, unsigned, signed, float, float8, complex).
@@ -30,15 +28,6 @@ ALL_DTYPES = [
 ]
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
-
-
-def pytest_collection_modifyitems(config, items):
-    if GPU:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU and a build with CUDA kernels")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,46 @@
+"""Benchmarks compare torchfeed with a named baseline run in the same session on the same inputs.
+
+Each benchmark sets ``benchmark.extra_info["role"]`` to "torchfeed", "baseline" or "floor" and
+shares a group with the cases it is compared to; the summary below prints, per group, how many
+times faster torchfeed's median is than each baseline's (and what fraction of the floor it
+reaches). Run with ``make bench-pytest``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    session = getattr(config, "_benchmarksession", None)
+    if session is None or not session.benchmarks:
+        return
+    groups: dict[str, list] = {}
+    for bench in session.benchmarks:
+        if bench:
+            groups.setdefault(bench.group or "", []).append(bench)
+    lines = []
+    for group, benches in sorted(groups.items()):
+        ours = [b for b in benches if b.extra_info.get("role") == "torchfeed"]
+        others = [b for b in benches if b.extra_info.get("role") in ("baseline", "floor")]
+        for mine in ours:
+            for other in others:
+                ratio = other.stats.median / mine.stats.median
+                kind = other.extra_info["role"]
+                lines.append(
+                    f"{group:<34} {mine.name:<44} vs {kind} {other.name:<44} "
+                    f"{mine.stats.median * 1e6:10.1f} us vs {other.stats.median * 1e6:10.1f} us  "
+                    f"-> {ratio:5.2f}x"
+                )
+    if lines:
+        terminalreporter.write_sep("=", "torchfeed vs baselines (median ratio, same session)")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def role(benchmark):
+    def set_role(name: str) -> None:
+        benchmark.extra_info["role"] = name
+
+    return set_role

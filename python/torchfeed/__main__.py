@@ -1,0 +1,5 @@
+import sys
+
+from torchfeed.cli import main
+
+sys.exit(main())

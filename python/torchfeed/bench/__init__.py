@@ -1,0 +1,1 @@
+"""``torchfeed bench``: end-to-end input-pipeline benchmarks, baseline vs torchfeed."""

@@ -1,0 +1,81 @@
+"""Times a DataLoader pipeline epoch by epoch: the first epoch is start-up (workers, caches) and
+reported apart; the rest give the median throughput."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchfeed.bench.report import median
+
+
+@dataclass
+class PipelineResult:
+    pipeline: str
+    config: str
+    samples_per_epoch: int
+    epoch_seconds: list[float] = field(default_factory=list)
+    first_epoch_seconds: float = float("nan")
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median_epoch_seconds(self) -> float:
+        return median(self.epoch_seconds)
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples_per_epoch / self.median_epoch_seconds
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline,
+            "config": self.config,
+            "samples_per_s": self.samples_per_second,
+            "epoch_s": self.median_epoch_seconds,
+            "first_epoch_s": self.first_epoch_seconds,
+            **self.extra,
+        }
+
+
+def progress(iterable: Iterable, total: int, desc: str, enabled: bool):
+    """tqdm when it is installed and wanted, else the iterable itself."""
+    if not enabled:
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, total=total, desc=desc, leave=False, unit="batch")
+
+
+def run_epochs(
+    pipeline: str,
+    config: str,
+    make_iterable: Callable[[], Iterable],
+    consume: Callable[[Any], int],
+    epochs: int,
+    batches_per_epoch: int,
+    show_progress: bool = True,
+) -> PipelineResult:
+    """Runs ``epochs + 1`` epochs of ``make_iterable()`` (created once, so persistent workers
+    stay up); ``consume(batch)`` does the step's use of a batch and returns its sample count."""
+    iterable = make_iterable()
+    result = PipelineResult(pipeline, config, samples_per_epoch=0)
+    for epoch in range(epochs + 1):
+        seen = 0
+        start = time.perf_counter()
+        desc = f"{pipeline} [{config}] epoch {epoch}{' (start-up)' if epoch == 0 else ''}"
+        for batch in progress(iterable, batches_per_epoch, desc, show_progress):
+            seen += consume(batch)
+        elapsed = time.perf_counter() - start
+        if epoch == 0:
+            result.first_epoch_seconds = elapsed
+        else:
+            result.epoch_seconds.append(elapsed)
+        result.samples_per_epoch = seen
+    close = getattr(iterable, "close", None)
+    if close is not None:
+        close()
+    return result

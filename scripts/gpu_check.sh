@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# GPU validation, on a machine with a CUDA GPU (DESIGN.md "GPU validation"):
+#   scripts/gpu_check.sh OUTDIR
+# builds torchfeed against the torch found there, runs the whole test suite (the CUDA tests
+# included: every op CPU vs CUDA), compute-sanitizer memcheck over the CUDA tests, and the GPU
+# benchmarks, and writes a short report to OUTDIR/report.md (logs beside it). Budget: 8 minutes.
+#
+# Wheels the machine lacks (scikit-build-core, pybind11, ...) are taken from .whl/ next to the
+# checkout when it exists. Without a GPU (GPU_CHECK_DRY_RUN=1 or no GPU found) it runs
+# everything but the GPU parts, to check the script itself.
+set -uo pipefail
+
+out=${1:?usage: scripts/gpu_check.sh OUTDIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+export TORCHFEED_CUDA=ON
+# Only the GPU we are on: compiling one architecture keeps the build inside the budget.
+if [[ -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
+  arch=$("$PY" -c "import torch; c = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0); print(f'{c[0]}.{c[1]}')" 2>/dev/null || echo 9.0)
+  export TORCH_CUDA_ARCH_LIST=$arch
+fi
+
+report="$out/report.md"
+status=0
+start_all=$(date +%s)
+: >"$report"
+say() { echo "$*" | tee -a "$report"; }
+
+# step NAME TIMEOUT CMD...: runs CMD with a time limit, logs to OUTDIR/NAME.log, records the result.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0 rc
+  t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  local dt=$(($(date +%s) - t0))
+  if [[ $rc -eq 0 ]]; then
+    say "- $name: ok (${dt}s)"
+  else
+    say "- $name: FAILED rc=$rc (${dt}s); last lines:"
+    tail -n 25 "$out/$name.log" | sed 's/^/      /' | tee -a "$report"
+    status=1
+  fi
+  return $rc
+}
+
+gpu=0
+if [[ "${GPU_CHECK_DRY_RUN:-0}" != 1 ]] && "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  gpu=1
+fi
+
+say "# torchfeed GPU check"
+say ""
+say "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+say "- machine: $("$PY" -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU (dry run)')" 2>&1), torch $("$PY" -c 'import torch; print(torch.__version__)' 2>&1), python $("$PY" -c 'import platform; print(platform.python_version())')"
+say "- nvcc: $(nvcc --version 2>/dev/null | tail -n 1), TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
+say ""
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  step wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/torchfeed-site .whl/*.whl
+  export PYTHONPATH=/tmp/torchfeed-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+if ! step build 300 "$PY" -m pip install --no-build-isolation --no-deps -v -e .; then
+  say ""
+  say "build failed: nothing else can run"
+  exit 1
+fi
+step build_info 60 "$PY" -c "import json, torchfeed; print(json.dumps(torchfeed.build_info()))"
+tail -n 1 "$out/build_info.log" | sed 's/^/      /' | tee -a "$report"
+
+# Every test, the CUDA ones included (they skip without a GPU).
+step tests 240 "$PY" -m pytest tests -q -x -p no:cacheprovider -m "not slow" \
+  --junitxml="$out/tests.xml"
+grep -E "passed|failed" "$out/tests.log" | tail -n 1 | sed 's/^/      /' | tee -a "$report"
+
+if [[ $gpu == 1 ]]; then
+  if command -v compute-sanitizer >/dev/null; then
+    step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 99 \
+      "$PY" -m pytest tests -q -x -p no:cacheprovider -m cuda -k "not compile"
+    grep -E "ERROR SUMMARY|passed|failed" "$out/memcheck.log" | tail -n 2 | sed 's/^/      /' | tee -a "$report"
+  else
+    say "- memcheck: compute-sanitizer not found"
+    status=1
+  fi
+  step gpu_bench 240 "$PY" -m pytest bench -q -p no:cacheprovider -m cuda --benchmark-only \
+    --benchmark-columns=median,iqr,rounds --benchmark-json="$out/gpu_bench.json"
+  sed -n '/torchfeed vs baselines/,/^$/p' "$out/gpu_bench.log" | sed 's/^/      /' | tee -a "$report"
+else
+  say "- memcheck, gpu_bench: skipped (no GPU)"
+fi
+
+say ""
+say "total: $(($(date +%s) - start_all))s, result: $([[ $status == 0 ]] && echo PASS || echo FAIL)"
+exit $status
