@@ -14,4 +14,15 @@ TORCH_LIBRARY(torchfeed, m) {
       "pad_list(Tensor[] sequences, SymInt length, Scalar pad_value=0, bool left_pad=False, "
       "int max_length=-1, bool truncate_left=False) "
       "-> (Tensor padded, Tensor mask, Tensor lengths)");
+
+  // uint8 images -> per-image crop, resize (nearest / bilinear, antialias or not), horizontal
+  // flip, scale to [0, 1] and normalize, written once into `out` [B, C, H_out, W_out] (float32,
+  // float16 or bfloat16; NCHW or channels_last). `grid` [B, 10] float64 holds each image's
+  // sampling geometry (ops/crop_flip_normalize.h: AxisGeom for y, then x).
+  m.def(
+      "crop_flip_normalize_out(Tensor images, Tensor grid, Tensor flips, int interpolation, "
+      "bool antialias, float[] mean, float[] std, Tensor(a!) out) -> ()");
+  m.def(
+      "crop_flip_normalize_list_out(Tensor[] images, Tensor grid, Tensor flips, "
+      "int interpolation, bool antialias, float[] mean, float[] std, Tensor(a!) out) -> ()");
 }

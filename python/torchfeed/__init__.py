@@ -11,9 +11,26 @@ _C = _extension.load()
 
 from torchfeed._build import build_info  # noqa: E402
 from torchfeed.collate import PadCollate  # noqa: E402
+from torchfeed.images import ImageCollate, RaggedImages  # noqa: E402
 from torchfeed.padding import Padded, pad, pad_packed  # noqa: E402
 from torchfeed.ragged import RaggedBatch  # noqa: E402
+from torchfeed.transforms import (  # noqa: E402
+    crop_flip_normalize,
+    resize_center_crop_normalize,
+)
 
 __version__ = _C.build_info()["version"]
 
-__all__ = ["PadCollate", "Padded", "RaggedBatch", "__version__", "build_info", "pad", "pad_packed"]
+__all__ = [
+    "ImageCollate",
+    "PadCollate",
+    "Padded",
+    "RaggedBatch",
+    "RaggedImages",
+    "__version__",
+    "build_info",
+    "crop_flip_normalize",
+    "pad",
+    "pad_packed",
+    "resize_center_crop_normalize",
+]

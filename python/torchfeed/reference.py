@@ -76,3 +76,34 @@ def pad_packed(
         )
     seqs = [values[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
     return pad_sequences(seqs, length, pad_value, left_pad, max_length, truncate_left)
+
+
+def crop_flip_normalize_torchvision(
+    images: Sequence[Tensor],
+    boxes: Sequence[Sequence[int]],
+    flips: Sequence[bool],
+    size: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    interpolation: str = "bilinear",
+    antialias: bool = True,
+    float_path: bool = True,
+) -> Tensor:
+    """torchvision v2 image by image: ``resized_crop -> horizontal_flip -> to float in [0, 1] ->
+    normalize``, stacked. ``float_path`` converts each uint8 image to float first (no rounding
+    after the resize, torchfeed's semantics); otherwise torchvision resizes the uint8 image and
+    rounds, as its usual pipeline does."""
+    from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
+    mode = InterpolationMode.NEAREST if interpolation == "nearest" else InterpolationMode.BILINEAR
+    out = []
+    for image, (top, left, height, width), flip in zip(images, boxes, flips, strict=True):
+        x = image.float() if float_path else image
+        x = TF.resized_crop(x, int(top), int(left), int(height), int(width), list(size),
+                            interpolation=mode, antialias=antialias)  # fmt: skip
+        if flip:
+            x = TF.horizontal_flip(x)
+        x = x / 255.0 if float_path else TF.to_dtype(x, torch.float32, scale=True)
+        out.append(TF.normalize(x, list(mean), list(std)))
+    return torch.stack(out)

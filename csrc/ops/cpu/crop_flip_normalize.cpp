@@ -1,0 +1,257 @@
+// CPU launcher of the fused crop/flip/resize/normalize op: per image, weight tables computed
+// once from ops/crop_flip_normalize.h, a horizontal pass over the rows the crop needs into a
+// float scratch buffer, then a vertical pass that normalizes and writes the output once.
+// Parallel over images and, for small batches, over blocks of output rows.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "common/cpu_isa.h"
+#include "ops/crop_flip_normalize.h"
+#include "ops/crop_flip_normalize_args.h"
+
+// The passes, once for the baseline instruction set and once for AVX2+FMA (chosen at run time).
+#define TF_CPU_ISA baseline
+#include "ops/cpu/crop_flip_normalize_passes.h"
+#undef TF_CPU_ISA
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define TF_HAVE_AVX2_PASSES 1
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+#define TF_CPU_ISA avx2
+#define TF_CPU_AVX2 1
+#include "ops/cpu/crop_flip_normalize_passes.h"
+#undef TF_CPU_AVX2
+#undef TF_CPU_ISA
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+namespace torchfeed {
+namespace {
+
+bool use_avx2() {
+#ifdef TF_HAVE_AVX2_PASSES
+  return cpu_isa() == CpuIsa::kAvx2;
+#else
+  return false;
+#endif
+}
+
+using cfn::AxisPlan;
+using cfn::ChannelAffine;
+using cfn::ImageDesc;
+
+// Taps of a range of output indices along one axis, weights normalized and zero-padded to a
+// common width so the inner loops have no per-index bounds.
+struct AxisTable {
+  std::vector<int64_t> first;  // first tap, relative to the axis base
+  std::vector<float> weights;  // [n][width]
+  int64_t width = 1;
+
+  void build(const AxisPlan& p, int64_t begin, int64_t end, int64_t out_size, bool flip,
+             int64_t mode, bool antialias) {
+    const int64_t n = end - begin;
+    first.resize(n);
+    width = 1;
+    // Spans first, to size the table; the span of an index is cheap to recompute.
+    for (int64_t i = 0; i < n; ++i) {
+      const cfn::TapSpan s =
+          cfn::tap_span(p, cfn::flip_index(begin + i, out_size, flip), mode, antialias);
+      width = std::max(width, s.count);
+    }
+    weights.assign(n * width, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      const cfn::TapSpan s =
+          cfn::tap_span(p, cfn::flip_index(begin + i, out_size, flip), mode, antialias);
+      // Shift the window left at the far edge so that all `width` taps stay inside [0, hi);
+      // the extra taps carry weight 0.
+      const int64_t start = std::max<int64_t>(0, std::min(s.first, p.hi - width));
+      first[i] = start;
+      for (int64_t j = 0; j < s.count; ++j) {
+        weights[i * width + (s.first - start) + j] = cfn::normalized_weight(s, j);
+      }
+    }
+  }
+};
+
+struct Scratch {
+  AxisTable xs, ys;
+  std::vector<int32_t> x_first;  // [x_pad]
+  std::vector<float> x_weights;  // [kx][x_pad]
+  std::vector<float> rows;       // [ny][C * cols]
+};
+
+Scratch& thread_scratch() {
+  // Reused across calls: a fresh multi-megabyte buffer per image would cost page faults.
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+struct Job {
+  int64_t channels, out_h, out_w;
+  int64_t mode;
+  bool antialias;
+  const ChannelAffine* affine;
+  int64_t osb, osc, osh, osw;  // out strides
+  cfn::cpu::OutType out_type;
+  int64_t element_size;
+};
+
+void process(const ImageDesc& img, const double* geom, bool flip, const Job& job,
+             int64_t y_begin, int64_t y_end, char* out /* image b's [C, H_out, W_out] */) {
+  Scratch& s = thread_scratch();
+  const AxisPlan py = cfn::plan_axis(cfn::load_axis(geom));
+  const AxisPlan px = cfn::plan_axis(cfn::load_axis(geom + cfn::kGeomFields));
+  s.ys.build(py, y_begin, y_end, job.out_h, false, job.mode, job.antialias);
+  s.xs.build(px, 0, job.out_w, job.out_w, flip, job.mode, job.antialias);
+
+  // Only the columns some horizontal tap reads (the crop, or the centre of a resized image).
+  const int64_t kx = s.xs.width;
+  int64_t x_lo = px.hi, x_hi = 0;
+  for (int64_t f : s.xs.first) {
+    x_lo = std::min(x_lo, f);
+    x_hi = std::max(x_hi, f + kx);
+  }
+  // Tables for 8 columns at a time: first tap as int32, weights transposed to [kx][x_pad];
+  // the padding columns read column 0 with weight 0.
+  const int64_t x_pad = (job.out_w + 7) / 8 * 8;
+  s.x_first.assign(x_pad, 0);
+  s.x_weights.assign(kx * x_pad, 0.0f);
+  for (int64_t x = 0; x < job.out_w; ++x) {
+    s.x_first[x] = static_cast<int32_t>(s.xs.first[x] - x_lo);
+    for (int64_t k = 0; k < kx; ++k) s.x_weights[k * x_pad + x] = s.xs.weights[x * kx + k];
+  }
+  const int64_t cols = x_hi - x_lo;
+  const int64_t ny = y_end - y_begin;
+  s.rows.resize(ny * job.channels * cols);
+
+  cfn::cpu::BlockJob b;
+  b.src = img.data + py.base * img.stride_h + (px.base + x_lo) * img.stride_w;
+  b.sc = img.stride_c;
+  b.sh = img.stride_h;
+  b.sw = img.stride_w;
+  b.channels = job.channels;
+  b.cols = cols;
+  b.y_first = s.ys.first.data();
+  b.y_weights = s.ys.weights.data();
+  b.ky = s.ys.width;
+  b.ny = ny;
+  b.x_first = s.x_first.data();
+  b.x_weights = s.x_weights.data();
+  b.kx = kx;
+  b.out_w = job.out_w;
+  b.x_pad = x_pad;
+  b.interleaved = job.channels > 1 && img.stride_c == 1 && img.stride_w == job.channels;
+  b.scratch = s.rows.data();
+  b.affine = job.affine;
+  b.out = out + y_begin * job.osh * job.element_size;
+  b.osc = job.osc;
+  b.osh = job.osh;
+  b.osw = job.osw;
+  b.out_type = job.out_type;
+  if (use_avx2()) {
+    cfn::cpu::avx2::run_block(b);
+  } else {
+    cfn::cpu::baseline::run_block(b);
+  }
+}
+
+void run(const char* op, const std::vector<ImageDesc>& images, int64_t channels,
+         const at::Tensor& grid, const at::Tensor& flips, int64_t interpolation, bool antialias,
+         at::ArrayRef<double> mean, at::ArrayRef<double> std, at::Tensor& out) {
+  const int64_t batch = static_cast<int64_t>(images.size());
+  const at::Tensor g = grid.contiguous();
+  const at::Tensor f = flips.contiguous();
+  cfn::check_grid_values(op, g.data_ptr<double>(), batch, images);
+  const int64_t out_h = out.size(2), out_w = out.size(3);
+  if (out.numel() == 0) return;
+  const std::vector<ChannelAffine> affine = cfn::channel_affine(mean, std);
+  const auto out_type = out.scalar_type() == at::kFloat  ? cfn::cpu::OutType::kFloat
+                        : out.scalar_type() == at::kHalf ? cfn::cpu::OutType::kHalf
+                                                         : cfn::cpu::OutType::kBFloat16;
+  const Job job{channels,
+                out_h,
+                out_w,
+                interpolation,
+                antialias,
+                affine.data(),
+                out.stride(0),
+                out.stride(1),
+                out.stride(2),
+                out.stride(3),
+                out_type,
+                static_cast<int64_t>(out.element_size())};
+  // Enough tasks for every thread even when the batch is small; row blocks of >= 16 rows keep
+  // the taps shared between blocks (re-read at block edges) a small fraction.
+  const int64_t threads = at::get_num_threads();
+  const int64_t blocks =
+      std::clamp<int64_t>((2 * threads + batch - 1) / batch, 1, std::max<int64_t>(1, out_h / 16));
+  const int64_t rows_per_block = (out_h + blocks - 1) / blocks;
+  const double* gp = g.data_ptr<double>();
+  const bool* fp = f.data_ptr<bool>();
+
+  char* base = static_cast<char*>(out.data_ptr());
+  const int64_t image_bytes = out.stride(0) * static_cast<int64_t>(out.element_size());
+  at::parallel_for(0, batch * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / blocks;
+      const int64_t y0 = (t % blocks) * rows_per_block;
+      const int64_t y1 = std::min(out_h, y0 + rows_per_block);
+      if (y0 >= y1) continue;
+      process(images[b], gp + b * cfn::kGeomPerImage, fp[b], job, y0, y1, base + b * image_bytes);
+    }
+  });
+}
+
+void crop_flip_normalize_out_cpu(const at::Tensor& images,  // [B, C, H, W] uint8, any strides
+                                 const at::Tensor& grid,    // [B, 10] float64
+                                 const at::Tensor& flips,   // [B] bool
+                                 int64_t interpolation, bool antialias, at::ArrayRef<double> mean,
+                                 at::ArrayRef<double> std,
+                                 at::Tensor& out) {  // [B, C, H_out, W_out] float
+  constexpr const char* op = "crop_flip_normalize";
+  const std::vector<ImageDesc> descs = cfn::describe_dense(op, images);
+  cfn::check_common(op, images.size(0), images.size(1), images.device(), grid, flips,
+                    interpolation, mean, std, out);
+  run(op, descs, images.size(1), grid, flips, interpolation, antialias, mean, std, out);
+}
+
+void crop_flip_normalize_list_out_cpu(at::TensorList images,  // B x [C, H_i, W_i] uint8
+                                      const at::Tensor& grid, const at::Tensor& flips,
+                                      int64_t interpolation, bool antialias,
+                                      at::ArrayRef<double> mean, at::ArrayRef<double> std,
+                                      at::Tensor& out) {
+  constexpr const char* op = "crop_flip_normalize_list";
+  TORCH_CHECK_VALUE(!images.empty(), op, ": images must hold at least one image, got none");
+  const std::vector<ImageDesc> descs = cfn::describe_list(op, images);
+  cfn::check_common(op, static_cast<int64_t>(images.size()), images[0].size(0),
+                    images[0].device(), grid, flips, interpolation, mean, std, out);
+  run(op, descs, images[0].size(0), grid, flips, interpolation, antialias, mean, std, out);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchfeed, CPU, m) {
+  m.impl("crop_flip_normalize_out", &crop_flip_normalize_out_cpu);
+  m.impl("crop_flip_normalize_list_out", &crop_flip_normalize_list_out_cpu);
+}
+
+}  // namespace torchfeed

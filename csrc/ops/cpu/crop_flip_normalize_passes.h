@@ -1,0 +1,184 @@
+// The two resampling passes of the CPU crop/flip/normalize kernel, for one block of output rows
+// of one image. crop_flip_normalize.cpp includes this twice: once for the baseline instruction
+// set and once under a target pragma for AVX2+FMA, each time with TF_CPU_ISA naming the
+// namespace (and TF_CPU_AVX2 set for the second). A pragma rather than a second file compiled
+// with -mavx2: inline functions of shared headers then stay baseline code, so the linker can
+// never hand the baseline path an AVX2 copy of them.
+//
+// Order: vertical first, on the uint8 rows (contiguous, so it vectorizes), into a float row per
+// output row; then horizontal, which gathers the taps, applies finish() and stores the output.
+// The CUDA kernel runs the same two passes in the same order with the same tap functions
+// (ops/crop_flip_normalize.h), so both accumulate 0 + w0 * v0 + w1 * v1 + ...
+// No include guard: included once per instruction set.
+
+#ifndef TF_CPU_ISA
+#error "define TF_CPU_ISA before including crop_flip_normalize_passes.h"
+#endif
+
+#ifndef TORCHFEED_CFN_BLOCK_JOB
+#define TORCHFEED_CFN_BLOCK_JOB
+namespace torchfeed::cfn::cpu {
+
+enum class OutType { kFloat, kHalf, kBFloat16 };
+
+// One block of output rows of one image.
+struct BlockJob {
+  // source pixel (channel c, row r, column k), rows and columns relative to the axis bases:
+  // src[c * sc + r * sh + k * sw]
+  const uint8_t* src;
+  int64_t sc, sh, sw;
+  int64_t channels;
+  int64_t cols;  // the horizontal taps read columns [0, cols)
+  // vertical taps per output row of the block: first source row, weights [ny][ky]
+  const int64_t* y_first;
+  const float* y_weights;
+  int64_t ky, ny;
+  // horizontal taps per output column: first column (int32), weights transposed [kx][x_pad]
+  const int32_t* x_first;
+  const float* x_weights;
+  int64_t kx, out_w, x_pad;
+  // interleaved: scratch rows hold all channels interleaved (source with sc == 1, sw == C);
+  // otherwise one plane per channel
+  bool interleaved;
+  float* scratch;  // [ny][channels * cols]
+  const ChannelAffine* affine;
+  void* out;  // element (c, i, x) of the block at out[c * osc + i * osh + x * osw]
+  int64_t osc, osh, osw;
+  OutType out_type;
+};
+
+}  // namespace torchfeed::cfn::cpu
+#endif  // TORCHFEED_CFN_BLOCK_JOB
+
+namespace torchfeed::cfn::cpu::TF_CPU_ISA {
+
+// scratch row i = sum_k w[i][k] * source row (first[i] + k), over the columns the taps read.
+template <int K>  // K taps (0: runtime)
+void vertical(const BlockJob& j) {
+  const int64_t ky = K > 0 ? K : j.ky;
+  const int64_t width = j.channels * j.cols;
+  for (int64_t i = 0; i < j.ny; ++i) {
+    const float* w = j.y_weights + i * ky;
+    const uint8_t* first = j.src + j.y_first[i] * j.sh;
+    float* dst = j.scratch + i * width;
+    if (j.interleaved || (j.sw == 1 && j.channels == 1)) {
+      // one contiguous run of bytes covers every channel
+      const float w0 = w[0];
+      for (int64_t x = 0; x < width; ++x) dst[x] = 0.0f + w0 * static_cast<float>(first[x]);
+      for (int64_t k = 1; k < ky; ++k) {
+        const uint8_t* row = first + k * j.sh;
+        const float wk = w[k];
+        for (int64_t x = 0; x < width; ++x) dst[x] += wk * static_cast<float>(row[x]);
+      }
+    } else {
+      for (int64_t c = 0; c < j.channels; ++c) {
+        const uint8_t* plane = first + c * j.sc;
+        float* d = dst + c * j.cols;
+        const float w0 = w[0];
+        if (j.sw == 1) {
+          for (int64_t x = 0; x < j.cols; ++x) d[x] = 0.0f + w0 * static_cast<float>(plane[x]);
+          for (int64_t k = 1; k < ky; ++k) {
+            const uint8_t* row = plane + k * j.sh;
+            const float wk = w[k];
+            for (int64_t x = 0; x < j.cols; ++x) d[x] += wk * static_cast<float>(row[x]);
+          }
+        } else {
+          for (int64_t x = 0; x < j.cols; ++x) {
+            d[x] = 0.0f + w0 * static_cast<float>(plane[x * j.sw]);
+          }
+          for (int64_t k = 1; k < ky; ++k) {
+            const uint8_t* row = plane + k * j.sh;
+            const float wk = w[k];
+            for (int64_t x = 0; x < j.cols; ++x) d[x] += wk * static_cast<float>(row[x * j.sw]);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename OutT>
+inline void store(OutT* out, int64_t stride, const float* values, int64_t n) {
+  for (int64_t x = 0; x < n; ++x) out[x * stride] = static_cast<OutT>(values[x]);
+}
+
+// out[c][i][x] = finish(sum_k w[k][x] * scratch row i at column first[x] + k, channel c).
+template <int K, typename OutT>
+void horizontal(const BlockJob& j) {
+  const int64_t kx = K > 0 ? K : j.kx;
+  const int64_t width = j.channels * j.cols;
+  const int64_t step = j.interleaved ? j.channels : 1;  // distance between columns
+  float lanes[8];
+  for (int64_t i = 0; i < j.ny; ++i) {
+    for (int64_t c = 0; c < j.channels; ++c) {
+      const float* row = j.scratch + i * width + (j.interleaved ? c : c * j.cols);
+      const ChannelAffine a = j.affine[c];
+      OutT* out = static_cast<OutT*>(j.out) + c * j.osc + i * j.osh;
+      for (int64_t x0 = 0; x0 < j.out_w; x0 += 8) {
+#ifdef TF_CPU_AVX2
+        const __m256i first = _mm256_mullo_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.x_first + x0)),
+            _mm256_set1_epi32(static_cast<int>(step)));
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t k = 0; k < kx; ++k) {
+          const __m256i idx =
+              _mm256_add_epi32(first, _mm256_set1_epi32(static_cast<int>(k * step)));
+          const __m256 v = _mm256_i32gather_ps(row, idx, 4);
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(j.x_weights + k * j.x_pad + x0), v, acc);
+        }
+        acc = _mm256_fmadd_ps(acc, _mm256_set1_ps(a.scale), _mm256_set1_ps(a.bias));
+        _mm256_storeu_ps(lanes, acc);
+#else
+        for (int l = 0; l < 8; ++l) {
+          const float* p = row + j.x_first[x0 + l] * step;
+          float acc = 0.0f;
+          for (int64_t k = 0; k < kx; ++k) acc += j.x_weights[k * j.x_pad + x0 + l] * p[k * step];
+          lanes[l] = finish(acc, a);
+        }
+#endif
+        const int64_t n = j.out_w - x0 < 8 ? j.out_w - x0 : 8;
+        if constexpr (std::is_same_v<OutT, float>) {
+#ifdef TF_CPU_AVX2
+          if (n == 8 && j.osw == 1) {
+            _mm256_storeu_ps(out + x0, acc);
+            continue;
+          }
+#endif
+        }
+        store(out + x0 * j.osw, j.osw, lanes, n);
+      }
+    }
+  }
+}
+
+template <int K>
+void horizontal_any(const BlockJob& j) {
+  switch (j.out_type) {
+    case OutType::kFloat: return horizontal<K, float>(j);
+    case OutType::kHalf: return horizontal<K, c10::Half>(j);
+    case OutType::kBFloat16: return horizontal<K, c10::BFloat16>(j);
+  }
+}
+
+inline void run_block(const BlockJob& j) {
+  switch (j.ky) {
+    case 1: vertical<1>(j); break;
+    case 2: vertical<2>(j); break;
+    case 3: vertical<3>(j); break;
+    case 4: vertical<4>(j); break;
+    case 5: vertical<5>(j); break;
+    case 6: vertical<6>(j); break;
+    default: vertical<0>(j); break;
+  }
+  switch (j.kx) {
+    case 1: return horizontal_any<1>(j);
+    case 2: return horizontal_any<2>(j);
+    case 3: return horizontal_any<3>(j);
+    case 4: return horizontal_any<4>(j);
+    case 5: return horizontal_any<5>(j);
+    case 6: return horizontal_any<6>(j);
+    default: return horizontal_any<0>(j);
+  }
+}
+
+}  // namespace torchfeed::cfn::cpu::TF_CPU_ISA

@@ -1,0 +1,192 @@
+"""RaggedImages: a batch of uint8 images of different sizes in one buffer, and its collate."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from torch.utils.data import default_collate, get_worker_info
+
+Layout = Literal["CHW", "HWC"]
+
+
+def check_layout(layout: str) -> None:
+    if layout not in ("CHW", "HWC"):
+        raise ValueError(f"image_layout must be 'CHW' or 'HWC', got {layout!r}")
+
+
+def empty_for_batch(numel: int, like: Tensor) -> Tensor:
+    """A 1-D tensor for a collated batch: in a DataLoader worker it is allocated in shared memory,
+    as default_collate does, so sending it to the main process copies nothing."""
+    if get_worker_info() is not None and like.device.type == "cpu":
+        storage = like._typed_storage()._new_shared(numel, device=like.device)
+        return like.new(storage)[:numel]
+    return like.new_empty(numel)
+
+
+class RaggedImages:
+    """B images ``[C, H_i, W_i]`` (one channel count, one dtype, uint8 in practice) packed into
+    one 1-D buffer; each image is stored whole, in ``layout`` order (``"CHW"`` or ``"HWC"``).
+
+    Sizes live on the host, so the images can be viewed, sent to a device (one copy for the
+    whole batch) and resampled without reading device memory. Picklable and pinnable.
+    """
+
+    __slots__ = ("_offsets", "_shapes", "data", "layout")
+
+    def __init__(
+        self, data: Tensor, shapes: Sequence[tuple[int, int, int]], layout: Layout = "CHW"
+    ) -> None:
+        check_layout(layout)
+        if not isinstance(data, Tensor) or data.dim() != 1:
+            raise TypeError("data must be a 1-D tensor holding the packed images")
+        shapes = [tuple(int(v) for v in s) for s in shapes]
+        for i, s in enumerate(shapes):
+            if len(s) != 3 or min(s) < 0:
+                raise ValueError(f"shapes[{i}] must be (C, H, W) with sizes >= 0, got {s}")
+            if s[0] != shapes[0][0]:
+                raise ValueError(
+                    f"shapes[{i}] has {s[0]} channels but shapes[0] has {shapes[0][0]}"
+                )
+        offsets = [0, *itertools.accumulate(c * h * w for c, h, w in shapes)]
+        if offsets[-1] != data.shape[0]:
+            raise ValueError(
+                f"data holds {data.shape[0]} elements but the shapes need {offsets[-1]}"
+            )
+        self.data = data
+        self.layout = layout
+        self._shapes = tuple(shapes)
+        self._offsets = tuple(offsets)
+
+    @classmethod
+    def from_images(cls, images: Sequence[Tensor], layout: Layout = "CHW") -> RaggedImages:
+        """Packs ``[C, H_i, W_i]`` images (``layout="CHW"``) or ``[H_i, W_i, C]`` ones
+        (``"HWC"``, as PIL and numpy decode them) with one copy."""
+        check_layout(layout)
+        images = list(images)
+        if not images:
+            raise ValueError("images must hold at least one image, got none")
+        for i, im in enumerate(images):
+            if not isinstance(im, Tensor):
+                raise TypeError(f"images[{i}] must be a tensor, got {type(im).__name__}")
+            if im.dim() != 3:
+                raise ValueError(
+                    f"images[{i}] must be 3-D ({'[C, H, W]' if layout == 'CHW' else '[H, W, C]'})"
+                    f", got shape {list(im.shape)}"
+                )
+            if im.dtype != images[0].dtype or im.device != images[0].device:
+                raise TypeError(
+                    f"images[{i}] is {im.dtype} on {im.device} but images[0] is "
+                    f"{images[0].dtype} on {images[0].device}"
+                )
+        shapes = [
+            tuple(im.shape) if layout == "CHW" else (im.shape[2], im.shape[0], im.shape[1])
+            for im in images
+        ]
+        data = empty_for_batch(sum(im.numel() for im in images), images[0])
+        # shapes are validated by the constructor; the copy fills the buffer image by image
+        torch.cat([im.reshape(-1) for im in images], out=data)
+        return cls(data, shapes, layout)
+
+    # --- facts, from the host ----------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, int, int], ...]:
+        """(C, H, W) of each image."""
+        return self._shapes
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """(H, W) of each image."""
+        return [(h, w) for _, h, w in self._shapes]
+
+    @property
+    def channels(self) -> int:
+        return self._shapes[0][0] if self._shapes else 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    # --- views and movement ------------------------------------------------------------------
+    def __getitem__(self, i: int) -> Tensor:
+        """Image i as a ``[C, H, W]`` view (strided when the layout is HWC)."""
+        c, h, w = self._shapes[i]
+        flat = self.data[self._offsets[i] : self._offsets[i + 1]]
+        if self.layout == "CHW":
+            return flat.view(c, h, w)
+        return flat.view(h, w, c).permute(2, 0, 1)
+
+    def images(self) -> list[Tensor]:
+        return [self[i] for i in range(len(self))]
+
+    def to(self, *args, non_blocking: bool = False, **kwargs) -> RaggedImages:
+        return self._with(self.data.to(*args, non_blocking=non_blocking, **kwargs))
+
+    def pin_memory(self) -> RaggedImages:
+        return self._with(self.data.pin_memory())
+
+    def is_pinned(self) -> bool:
+        return self.data.is_pinned()
+
+    def _with(self, data: Tensor) -> RaggedImages:
+        out = object.__new__(RaggedImages)
+        out.data, out.layout, out._shapes, out._offsets = (
+            data,
+            self.layout,
+            self._shapes,
+            self._offsets,
+        )
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"RaggedImages(batch_size={len(self)}, channels={self.channels}, layout={self.layout!r}"
+            f", dtype={self.data.dtype}, device={self.data.device})"
+        )
+
+
+class ImageCollate:
+    """A ``collate_fn`` for samples holding one image of any size: the image field becomes a
+    :class:`RaggedImages` (one buffer, in shared memory inside a worker), every other field goes
+    through ``default_collate``. Samples are dicts (``image_key`` a key), tuples (a position) or
+    bare images."""
+
+    def __init__(self, image_key: str | int = 0, layout: Layout = "CHW") -> None:
+        check_layout(layout)
+        self.image_key = image_key
+        self.layout = layout
+
+    def __call__(self, batch: Sequence[Any]) -> Any:
+        if not batch:
+            raise ValueError("ImageCollate: batch is empty")
+        first = batch[0]
+        if isinstance(first, Tensor):
+            return RaggedImages.from_images(batch, self.layout)
+        if isinstance(first, Mapping):
+            if self.image_key not in first:
+                raise KeyError(f"ImageCollate: samples have no field {self.image_key!r}")
+            out = {k: default_collate([s[k] for s in batch]) for k in first if k != self.image_key}
+            out[self.image_key] = RaggedImages.from_images(
+                [s[self.image_key] for s in batch], self.layout
+            )
+            return {k: out[k] for k in first}
+        if isinstance(first, tuple | list):
+            key = self.image_key
+            if not isinstance(key, int) or not 0 <= key < len(first):
+                raise KeyError(f"ImageCollate: samples have no position {key!r}")
+            fields = [
+                RaggedImages.from_images([s[j] for s in batch], self.layout)
+                if j == key
+                else default_collate([s[j] for s in batch])
+                for j in range(len(first))
+            ]
+            return type(first)(fields) if isinstance(first, tuple) else fields
+        raise TypeError(
+            f"ImageCollate: samples must be images, dicts or tuples, got {type(first).__name__}"
+        )
