@@ -391,6 +391,25 @@ def test_bad_raw_op_arguments(args, match):
         torch.ops.torchfeed.pad_list([torch.arange(3, dtype=torch.uint8)], *args)
 
 
+# --- the CUDA kernel's thread body, emulated on the CPU ------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_cuda_thread_body_matches_cpu_kernel(dtype):
+    for _, seqs in sample_sequences("cpu", dtype):
+        values = torch.cat(seqs)
+        offsets = torch.tensor([0, *itertools.accumulate(s.shape[0] for s in seqs)])
+        longest = max(s.shape[0] for s in seqs)
+        for left, trunc, max_length, extra in itertools.product(
+            (False, True), (False, True), (-1, 1, 3), (0, 2)
+        ):
+            args = (values, offsets, longest + extra, 1, left, max_length, trunc)
+            want = torch.ops.torchfeed.pad_packed(*args)
+            got = torch.ops.torchfeed._emulate_cuda_pad_packed(*args)
+            for a, b in zip(got, want, strict=True):
+                assert_bits_equal(a, b)
+
+
 # --- CUDA: every sample CPU vs CUDA ---------------------------------------------------------------
 
 

@@ -7,11 +7,9 @@
 
 #include <c10/util/Exception.h>
 
-namespace torchfeed {
+#include "common/bits.h"
 
-struct alignas(16) Bits128 {
-  uint64_t lo, hi;
-};
+namespace torchfeed {
 
 // Calls f(T{}) with an unsigned storage type as wide as one element.
 template <typename F>

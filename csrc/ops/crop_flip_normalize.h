@@ -188,4 +188,80 @@ struct ChannelAffine {
 
 TF_HOST_DEVICE TF_INLINE float finish(float v, ChannelAffine a) { return v * a.scale + a.bias; }
 
+constexpr int64_t kMaxChannels = 4;
+
+// Where one uint8 image [C, H, W] lives: any strides, so NCHW, NHWC and views all work.
+struct ImageDesc {
+  const uint8_t* data;
+  int64_t height, width;
+  int64_t stride_c, stride_h, stride_w;
+};
+
+// The shape of one launch of the two-pass kernel (CUDA, or its CPU emulation in tests).
+struct LaunchShape {
+  int64_t batch, channels, out_h, out_w;
+  int64_t cols;  // scratch columns per row: the widest image
+  int64_t mode;
+  bool antialias;
+  int64_t osb, osc, osh, osw;  // output strides
+};
+
+// One thread of the vertical pass. Element i of the scratch [B, C, out_h, cols]: row y of image
+// b, column k holds the vertically resampled source column x_base + x_lo + k, [x_lo, x_hi)
+// being the columns the horizontal taps read. Returns false if a tap falls outside the image.
+TF_HOST_DEVICE TF_INLINE bool vertical_element(int64_t i, const ImageDesc* images,
+                                               const double* grid, float* scratch,
+                                               const LaunchShape& p) {
+  const int64_t k = i % p.cols;
+  int64_t rest = i / p.cols;
+  const int64_t y = rest % p.out_h;
+  rest /= p.out_h;
+  const int64_t c = rest % p.channels;
+  const int64_t b = rest / p.channels;
+  const double* geom = grid + b * kGeomPerImage;
+  const AxisPlan px = plan_axis(load_axis(geom + kGeomFields));
+  int64_t x_lo, x_hi;
+  tap_bounds(px, p.out_w, p.mode, p.antialias, &x_lo, &x_hi);
+  if (x_lo + k >= x_hi) return true;  // beyond this image's columns
+  const AxisPlan py = plan_axis(load_axis(geom));
+  const TapSpan s = tap_span(py, y, p.mode, p.antialias);
+  const ImageDesc im = images[b];
+  const int64_t col = px.base + x_lo + k;
+  if (col < 0 || col >= im.width || py.base + s.first < 0 ||
+      py.base + s.first + s.count > im.height) {
+    return false;
+  }
+  const uint8_t* src =
+      im.data + c * im.stride_c + (py.base + s.first) * im.stride_h + col * im.stride_w;
+  float acc = 0.0f;
+  for (int64_t j = 0; j < s.count; ++j) {
+    acc += normalized_weight(s, j) * static_cast<float>(src[j * im.stride_h]);
+  }
+  scratch[i] = acc;
+  return true;
+}
+
+// One thread of the horizontal pass: output element i of [B, C, out_h, out_w] (in that
+// logical order), normalized; *offset receives its position in the strided output.
+TF_HOST_DEVICE TF_INLINE float horizontal_element(int64_t i, const double* grid,
+                                                  const bool* flips, const float* scratch,
+                                                  const ChannelAffine* affine,
+                                                  const LaunchShape& p, int64_t* offset) {
+  const int64_t x = i % p.out_w;
+  int64_t rest = i / p.out_w;
+  const int64_t y = rest % p.out_h;
+  rest /= p.out_h;
+  const int64_t c = rest % p.channels;
+  const int64_t b = rest / p.channels;
+  const AxisPlan px = plan_axis(load_axis(grid + b * kGeomPerImage + kGeomFields));
+  int64_t x_lo, x_hi;
+  tap_bounds(px, p.out_w, p.mode, p.antialias, &x_lo, &x_hi);
+  const TapSpan s = tap_span(px, flip_index(x, p.out_w, flips[b]), p.mode, p.antialias);
+  const float* row = scratch + ((b * p.channels + c) * p.out_h + y) * p.cols + (s.first - x_lo);
+  float acc = 0.0f;
+  for (int64_t j = 0; j < s.count; ++j) acc += normalized_weight(s, j) * row[j];
+  *offset = b * p.osb + c * p.osc + y * p.osh + x * p.osw;
+  return finish(acc, affine[c]);
+}
+
 }  // namespace torchfeed::cfn

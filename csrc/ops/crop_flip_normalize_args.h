@@ -4,21 +4,13 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "ops/crop_flip_normalize.h"
 
 namespace torchfeed::cfn {
-
-constexpr int64_t kMaxChannels = 4;
-
-// Where one uint8 image [C, H, W] lives: any strides, so NCHW, NHWC and views all work.
-struct ImageDesc {
-  const uint8_t* data;
-  int64_t height, width;
-  int64_t stride_c, stride_h, stride_w;
-};
 
 inline void check_image(const char* op, const char* name, const at::Tensor& image) {
   TORCH_CHECK_TYPE(image.scalar_type() == at::kByte, op, ": ", name, " must be uint8, got ",
@@ -105,6 +97,24 @@ inline std::vector<ImageDesc> describe_list(const char* op, at::TensorList image
                      im.stride(0),           im.stride(1), im.stride(2)};
   }
   return d;
+}
+
+// The launch shape of the two-pass kernel for these images and this output.
+inline LaunchShape launch_shape(const std::vector<ImageDesc>& images, const at::Tensor& out,
+                                int64_t mode, bool antialias) {
+  int64_t max_width = 0;
+  for (const ImageDesc& d : images) max_width = std::max(max_width, d.width);
+  return LaunchShape{static_cast<int64_t>(images.size()),
+                     out.size(1),
+                     out.size(2),
+                     out.size(3),
+                     max_width,
+                     mode,
+                     antialias,
+                     out.stride(0),
+                     out.stride(1),
+                     out.stride(2),
+                     out.stride(3)};
 }
 
 // Geometry read on the host (CPU backend): every tap must land inside its image.

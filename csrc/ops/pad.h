@@ -32,4 +32,49 @@ TF_HOST_DEVICE TF_INLINE int64_t source_index(const Window& w, int64_t t) {
   return (r >= 0 && r < w.kept) ? w.src_skip + r : -1;
 }
 
+// One thread of the packed pad kernel (CUDA, or its CPU emulation in tests). Element i of
+// max(B * L * max(F, 1), B): threads i < B also write lengths[i]; with F == 0 (an empty feature
+// shape) the mask is still [B, L]. T is the element's bit pattern (one type per element size).
+// Returns false when the offsets are inconsistent (decreasing, or past the values).
+template <typename T>
+TF_HOST_DEVICE TF_INLINE bool packed_element(int64_t i,
+                                             const T* values,         // [N, F]
+                                             const int64_t* offsets,  // [B+1]
+                                             T* padded,               // [B, L, F]
+                                             bool* mask,              // [B, L]
+                                             int64_t* lengths,        // [B]
+                                             int64_t batch, int64_t length, int64_t features,
+                                             int64_t total_values, int64_t max_length,
+                                             bool left_pad, bool truncate_left, T pad_value) {
+  const int64_t per_pos = features > 0 ? features : 1;
+  if (i < batch) {
+    const int64_t n = offsets[i + 1] - offsets[i];
+    if (n < 0) return false;
+    lengths[i] = window(n, length, max_length, left_pad, truncate_left).kept;
+  }
+  if (i < batch * length * per_pos) {
+    const int64_t f = i % per_pos;
+    const int64_t bt = i / per_pos;
+    const int64_t t = bt % length;
+    const int64_t b = bt / length;
+    const int64_t start = offsets[b];
+    const int64_t n = offsets[b + 1] - start;
+    if (n < 0) return false;
+    const Window w = window(n, length, max_length, left_pad, truncate_left);
+    const int64_t s = source_index(w, t);
+    if (f == 0) mask[bt] = s >= 0;
+    if (features > 0) {
+      if (s >= 0 && (start < 0 || start + s >= total_values)) return false;
+      padded[i] = s >= 0 ? values[(start + s) * features + f] : pad_value;
+    }
+  }
+  return true;
+}
+
+// Threads of one packed pad launch.
+TF_HOST_DEVICE TF_INLINE int64_t packed_threads(int64_t batch, int64_t length, int64_t features) {
+  const int64_t elements = batch * length * (features > 0 ? features : 1);
+  return elements > batch ? elements : batch;
+}
+
 }  // namespace torchfeed::pad

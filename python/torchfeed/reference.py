@@ -107,3 +107,81 @@ def crop_flip_normalize_torchvision(
         x = x / 255.0 if float_path else TF.to_dtype(x, torch.float32, scale=True)
         out.append(TF.normalize(x, list(mean), list(std)))
     return torch.stack(out)
+
+
+def resample_matrix(
+    size: int,
+    start: float,
+    extent: float,
+    out_size: int,
+    interpolation: str = "bilinear",
+    antialias: bool = True,
+    crop_first: bool = True,
+    out_offset: int = 0,
+    out_virtual: int | None = None,
+) -> Tensor:
+    """The ``[out_size, size]`` float64 matrix that resamples one image axis, written from the
+    definitions rather than PyTorch's code: output i samples the source at center
+    ``start + extent / out_virtual * (out_offset + i + 0.5)`` (pixel k spans [k, k + 1)).
+
+    - bilinear: the two pixels around the center, clamped at the edges;
+    - antialiased bilinear: a triangle filter widened by the scale when downscaling, normalized;
+    - nearest: the pixel containing ``start + scale * (out_offset + i)`` (PyTorch's "nearest").
+
+    ``crop_first``: taps are confined to the crop's pixels (resized_crop), else to the image
+    (resize, then crop).
+    """
+    import math
+
+    out_virtual = out_size if out_virtual is None else out_virtual
+    scale = extent / out_virtual
+    lo = math.floor(start) if crop_first else 0
+    hi = min(math.ceil(start + extent), size) if crop_first else size
+    m = torch.zeros(out_size, size, dtype=torch.float64)
+    for i in range(out_size):
+        o = out_offset + i
+        if interpolation == "nearest":
+            k = math.floor(start + scale * o)
+            m[i, min(max(k, lo), hi - 1)] = 1.0
+        elif not antialias:
+            center = start - lo + max(scale * (o + 0.5) - 0.5, 0.0)  # PyTorch clamps at 0
+            k0 = min(math.floor(center), hi - lo - 1)
+            frac = min(max(center - k0, 0.0), 1.0)
+            k1 = min(k0 + 1, hi - lo - 1)
+            m[i, lo + k0] += 1.0 - frac
+            m[i, lo + k1] += frac
+        else:
+            center = start - lo + scale * (o + 0.5)
+            support = max(scale, 1.0)
+            first = max(int(center - support + 0.5), 0)
+            last = min(int(center + support + 0.5), hi - lo)
+            w = torch.tensor(
+                [max(0.0, 1.0 - abs((k + 0.5 - center) / support)) for k in range(first, last)],
+                dtype=torch.float64,
+            )
+            m[i, lo + first : lo + last] = w / w.sum()
+    return m
+
+
+def crop_flip_normalize_float64(
+    image: Tensor,
+    box: Sequence[float],
+    flip: bool,
+    size: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    interpolation: str = "bilinear",
+    antialias: bool = True,
+) -> Tensor:
+    """One uint8 image ``[C, H, W]`` through crop (float box) -> resize -> flip -> [0, 1] ->
+    normalize, as matrix products in float64."""
+    top, left, height, width = (float(v) for v in box)
+    _, h, w = image.shape
+    my = resample_matrix(h, top, height, size[0], interpolation, antialias)
+    mx = resample_matrix(w, left, width, size[1], interpolation, antialias)
+    out = my @ image.double() @ mx.T
+    if flip:
+        out = out.flip(-1)
+    m = torch.tensor(mean, dtype=torch.float64).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float64).view(-1, 1, 1)
+    return (out / 255.0 - m) / s

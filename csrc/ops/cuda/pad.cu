@@ -1,5 +1,6 @@
 // CUDA launcher of the fused pad-and-mask op: one kernel launch for a packed batch, on the
-// current stream, each thread one output element, the window math from ops/pad.h.
+// current stream; a thread's whole body is pad::packed_element (ops/pad.h), which the CPU
+// tests also run through the emulation op.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -19,43 +20,19 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One thread per (b, t, f) output element; threads b < B also write lengths[b]. With F == 0
-// (an empty feature shape) the mask is still [B, L], so the loop runs over max(F, 1).
 template <typename T>
-__global__ void pad_packed_kernel(const T* __restrict__ values,         // [N, F]
-                                  const int64_t* __restrict__ offsets,  // [B+1]
-                                  T* __restrict__ padded,               // [B, L, F]
-                                  bool* __restrict__ mask,              // [B, L]
-                                  int64_t* __restrict__ lengths,        // [B]
-                                  int64_t batch, int64_t length, int64_t features,
-                                  int64_t total_values, int64_t max_length, bool left_pad,
-                                  bool truncate_left, T pad_value) {
-  const int64_t per_pos = features > 0 ? features : 1;
-  const int64_t elements = batch * length * per_pos;
-  const int64_t total = elements > batch ? elements : batch;
+__global__ void pad_packed_kernel(const T* __restrict__ values, const int64_t* __restrict__ offsets,
+                                  T* __restrict__ padded, bool* __restrict__ mask,
+                                  int64_t* __restrict__ lengths, int64_t batch, int64_t length,
+                                  int64_t features, int64_t total_values, int64_t max_length,
+                                  bool left_pad, bool truncate_left, T pad_value) {
+  const int64_t total = pad::packed_threads(batch, length, features);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (i < batch) {
-      const int64_t n = offsets[i + 1] - offsets[i];
-      lengths[i] = pad::window(n, length, max_length, left_pad, truncate_left).kept;
-    }
-    if (i < elements) {
-      const int64_t f = i % per_pos;
-      const int64_t bt = i / per_pos;
-      const int64_t t = bt % length;
-      const int64_t b = bt / length;
-      const int64_t start = offsets[b];
-      const int64_t n = offsets[b + 1] - start;
-      CUDA_KERNEL_ASSERT(n >= 0 && "pad_packed: offsets must be non-decreasing");
-      const pad::Window w = pad::window(n, length, max_length, left_pad, truncate_left);
-      const int64_t s = pad::source_index(w, t);
-      if (f == 0) mask[bt] = s >= 0;
-      if (features > 0) {
-        CUDA_KERNEL_ASSERT((s < 0 || start + s < total_values) &&
-                           "pad_packed: offsets[-1] must equal values.size(0)");
-        padded[i] = s >= 0 ? values[(start + s) * features + f] : pad_value;
-      }
-    }
+    const bool ok = pad::packed_element(i, values, offsets, padded, mask, lengths, batch, length,
+                                        features, total_values, max_length, left_pad,
+                                        truncate_left, pad_value);
+    CUDA_KERNEL_ASSERT(ok && "pad_packed: offsets must be non-decreasing and end at values.size(0)");
   }
 }
 
@@ -66,8 +43,7 @@ void launch_pad_packed(const at::Tensor& values,   // [N, *feat], contiguous
   const int64_t batch = offsets.size(0) - 1;
   const int64_t length = out.mask.size(1);
   const int64_t features = pad::row_numel(values);
-  const int64_t per_pos = std::max<int64_t>(features, 1);
-  const int64_t total = std::max(batch * length * per_pos, batch);
+  const int64_t total = pad::packed_threads(batch, length, features);
   if (total == 0) return;  // no launch for empty work
   const at::Tensor pad_el = pad::pad_element(op, pad_value, values.scalar_type());
   const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, 1 << 16);
