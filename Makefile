@@ -47,8 +47,14 @@ test: build lint
 bench: build
 	$(VENV)/bin/torchfeed bench $(BENCH_ARGS)
 
-# Kernel-level comparisons against the named baselines (pytest-benchmark).
-bench-pytest: build
+# Kernel-level comparisons against the named baselines (pytest-benchmark); DALI and kornia are
+# optional baselines, installed here and never needed at run time.
+BENCH_DEPS := $(VENV)/.bench-deps-installed
+$(BENCH_DEPS): requirements-bench.txt | $(DEPS)
+	$(PIP) install -q -r requirements-bench.txt
+	touch $@
+
+bench-pytest: build $(BENCH_DEPS)
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,iqr,rounds \
 	    --benchmark-sort=name $(PYTEST_ARGS)
 
