@@ -156,7 +156,7 @@ def test_dense_kornia(benchmark, role, dense):
     benchmark(lambda: aug(dense.float() / 255))
 
 
-# --- on the GPU (scripts/gpu_check.sh) -------------------------------------------------------------
+# --- on the GPU (scripts/gpu_check.sh) ---------------------------------------------------------
 
 
 def cuda_sync(fn):
