@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/cpu_isa.h"
+#include "memory/pinned_ring.h"
 
 namespace {
 
@@ -44,4 +45,45 @@ PYBIND11_MODULE(_C, m) {
                                                                  : torchfeed::CpuIsa::kBaseline));
       },
       "Caps the CPU kernels' instruction set (for tests); returns the one now in use.");
+
+  using torchfeed::PinnedRing;
+  pybind11::register_exception<torchfeed::RingTimeoutError>(m, "RingTimeoutError",
+                                                            PyExc_TimeoutError);
+  pybind11::class_<PinnedRing, std::shared_ptr<PinnedRing>>(m, "_PinnedRing")
+      .def(pybind11::init(&PinnedRing::create), pybind11::arg("capacity"),
+           pybind11::arg("alignment"), pybind11::arg("pinned"), pybind11::arg("mlock"))
+      .def("allocate", &PinnedRing::allocate, pybind11::arg("nbytes"), pybind11::arg("timeout"),
+           pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("record", &PinnedRing::record, pybind11::arg("view"), pybind11::arg("stream"),
+           pybind11::arg("device"))
+      .def("close", &PinnedRing::close, pybind11::arg("timeout"),
+           pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("stats",
+           [](PinnedRing& r) {
+             const torchfeed::RingStats s = r.stats();
+             pybind11::dict d;
+             d["capacity"] = s.capacity;
+             d["bytes_in_use"] = s.bytes_in_use;
+             d["high_water"] = s.high_water;
+             d["blocks_in_flight"] = s.blocks_in_flight;
+             d["allocations"] = s.allocations;
+             d["waits"] = s.waits;
+             d["wait_seconds"] = s.wait_seconds;
+             d["pinned"] = s.pinned;
+             return d;
+           })
+      .def("blocks",
+           [](PinnedRing& r) {
+             pybind11::list out;
+             for (const auto& b : r.blocks()) {
+               out.append(pybind11::make_tuple(b.id, b.offset, b.size, b.host_held,
+                                               b.pending_events));
+             }
+             return out;
+           })
+      .def_property_readonly("capacity", &PinnedRing::capacity)
+      .def_property_readonly("alignment", &PinnedRing::alignment)
+      .def_property_readonly("pinned", &PinnedRing::pinned)
+      .def_property_readonly("base_address", &PinnedRing::base_address)
+      .def_property_readonly("closed", &PinnedRing::closed);
 }

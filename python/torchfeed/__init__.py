@@ -13,7 +13,9 @@ from torchfeed._build import build_info  # noqa: E402
 from torchfeed.collate import PadCollate  # noqa: E402
 from torchfeed.images import ImageCollate, RaggedImages  # noqa: E402
 from torchfeed.padding import Padded, pad, pad_packed  # noqa: E402
+from torchfeed.prefetch import DevicePrefetcher  # noqa: E402
 from torchfeed.ragged import RaggedBatch  # noqa: E402
+from torchfeed.ring import PinnedRing  # noqa: E402
 from torchfeed.transforms import (  # noqa: E402
     crop_flip_normalize,
     resize_center_crop_normalize,
@@ -22,9 +24,11 @@ from torchfeed.transforms import (  # noqa: E402
 __version__ = _C.build_info()["version"]
 
 __all__ = [
+    "DevicePrefetcher",
     "ImageCollate",
     "PadCollate",
     "Padded",
+    "PinnedRing",
     "RaggedBatch",
     "RaggedImages",
     "__version__",

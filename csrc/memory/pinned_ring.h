@@ -1,0 +1,100 @@
+// PinnedRing: one page-locked (or page-aligned) host arena, carved into exact-size blocks in FIFO
+// order with wrap-around. A block's bytes are handed out again only after its fence completed:
+// every host tensor viewing it has been freed (the consumer released it) and every CUDA event
+// recorded after its host-to-device copies has fired.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace torchfeed {
+
+// A full ring stayed full for the whole timeout (Python: TimeoutError).
+struct RingTimeoutError : std::runtime_error {
+  explicit RingTimeoutError(const std::string& what);
+};
+
+struct RingStats {
+  int64_t capacity = 0;
+  int64_t bytes_in_use = 0;   // live blocks, plus the unusable tail skipped by a wrap
+  int64_t high_water = 0;     // the most bytes_in_use ever reached
+  int64_t blocks_in_flight = 0;
+  int64_t allocations = 0;
+  int64_t waits = 0;          // allocations that had to wait for a fence
+  double wait_seconds = 0.0;  // total time spent waiting
+  bool pinned = false;
+};
+
+struct RingBlockInfo {
+  int64_t id, offset, size;
+  bool host_held;
+  int64_t pending_events;
+};
+
+class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
+ public:
+  // pinned: 1 require page-locked memory (CUDA), 0 ordinary page-aligned memory, -1 page-locked
+  // when a GPU is usable now. lock_memory: mlock() ordinary memory.
+  static std::shared_ptr<PinnedRing> create(int64_t capacity, int64_t alignment, int pinned,
+                                            bool lock_memory);
+  ~PinnedRing();
+
+  // A uint8 tensor [nbytes] over a fresh block. Blocks (up to timeout_s) while the ring is full;
+  // the block is held until the tensor's storage (and every view of it) is freed.
+  at::Tensor allocate(int64_t nbytes, double timeout_s);
+  // Fences the block under `view` with an event recorded now on `stream` (a cudaStream_t as an
+  // integer, on `device`): enqueue the block's copies first, then record.
+  void record(const at::Tensor& view, int64_t stream, int64_t device);
+  // Frees the arena once no fence is pending; waits up to timeout_s for pending ones.
+  void close(double timeout_s);
+
+  RingStats stats();
+  std::vector<RingBlockInfo> blocks();
+  int64_t capacity() const { return capacity_; }
+  int64_t alignment() const { return alignment_; }
+  bool pinned() const { return pinned_; }
+  // Where the arena starts (0 once freed): tells ring tensors from others.
+  int64_t base_address() const { return reinterpret_cast<int64_t>(base_); }
+  bool closed();
+
+ private:
+  struct Block {
+    int64_t id, offset, size;
+    bool host_held = true;
+    std::vector<void*> events;  // cudaEvent_t, all on event_device
+    int64_t event_device = -1;
+  };
+
+  PinnedRing(int64_t capacity, int64_t alignment, bool pinned, bool lock_memory);
+  void host_release(int64_t id);
+  // Pops the leading blocks whose fences completed.
+  void reclaim_locked();
+  bool fits_locked(int64_t size, int64_t* offset);
+  int64_t in_use_locked() const;
+  std::string describe_locked(int64_t request) const;
+  void free_arena_locked();
+
+  const int64_t capacity_;
+  const int64_t alignment_;
+  bool pinned_ = false;
+  bool locked_ = false;
+  uint8_t* base_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable released_;
+  std::deque<Block> blocks_;
+  std::map<int64_t, std::vector<void*>> event_pool_;  // fired events, per device, for reuse
+  int64_t next_id_ = 0;
+  bool closed_ = false;
+  RingStats stats_;
+};
+
+}  // namespace torchfeed

@@ -1,0 +1,218 @@
+"""DevicePrefetcher: prepares batch i+1 (stage, copy, transform) while the step uses batch i."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from torchfeed.ring import PinnedRing, map_tensors, tensors_of
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class DevicePrefetcher:
+    """Iterates ``loader`` (a DataLoader or any iterable of batches) one step ahead of the
+    training loop, in a background thread:
+
+    - on a GPU: each batch is staged into ``ring`` (page-locked, reused, event-guarded), copied to
+      ``device`` on the prefetcher's own CUDA stream (one per prefetcher, made once), and passed
+      through ``transform`` there (e.g. the fused crop/flip/normalize, or ``RaggedBatch.pad``);
+      the batch handed out is safe to use on the consumer's current stream (it waits for the
+      copy stream, and the tensors are marked as used by it);
+    - on a CPU-only machine: loading and ``transform`` still overlap with the step.
+
+    ``ring=None`` makes a ring on the first GPU batch, sized for ``depth + 2`` batches of that
+    size (pass ``ring=False`` for plain copies, or a :class:`PinnedRing` of your own). Up to
+    ``depth`` batches are prepared ahead. ``len()`` is the loader's; each ``iter()`` is an epoch.
+    An exception in the loader (a worker's, say) is raised in the training loop; leaving the loop
+    (its end, ``break``, an exception) stops the thread.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable,
+        device: torch.device | str | None = None,
+        ring: PinnedRing | bool | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        depth: int = 2,
+    ) -> None:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be an int >= 1, got {depth!r}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+        if ring is not None and not isinstance(ring, PinnedRing | bool):
+            raise TypeError(f"ring must be a PinnedRing, None or False, got {type(ring).__name__}")
+        self.loader = loader
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {self.device} requested but no CUDA GPU is usable")
+            if self.device.index is None:
+                self.device = torch.device("cuda", torch.cuda.current_device())
+            self.stream: torch.cuda.Stream | None = torch.cuda.Stream(self.device)
+        else:
+            self.stream = None
+        self.ring = ring if isinstance(ring, PinnedRing) else None
+        self._auto_ring = ring is None and self.device.type == "cuda"
+        self._warned_oversize = False
+        self.transform = transform
+        self.depth = depth
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        return _PrefetchIterator(self)
+
+    # --- runs in the background thread -----------------------------------------------------------
+    def _ring_for(self, batch: Any) -> PinnedRing | None:
+        if self.ring is None and self._auto_ring:
+            nbytes = sum(t.numel() * t.element_size() for t in tensors_of(batch))
+            if nbytes:
+                self.ring = PinnedRing(int(nbytes * 1.25) * (self.depth + 2) + 4096)
+        return self.ring
+
+    def _prepare(self, batch: Any) -> tuple[Any, Any]:
+        if self.device.type != "cuda":
+            if self.ring is not None:
+                batch = self.ring.stage(batch)
+            if self.transform is not None:
+                batch = self.transform(batch)
+            return batch, None
+        ring = self._ring_for(batch)
+        with torch.cuda.stream(self.stream):
+            staged = None
+            if ring is not None:
+                try:
+                    staged = ring.stage(batch)
+                except ValueError:  # larger than the whole ring: copy without it, warn once
+                    if not self._warned_oversize:
+                        self._warned_oversize = True
+                        warnings.warn(
+                            "DevicePrefetcher: a batch is larger than the pinned ring "
+                            f"({ring.capacity} bytes); such batches are copied from pageable "
+                            "memory",
+                            RuntimeWarning,
+                            stacklevel=2,
+                        )
+            if staged is not None:
+                on_device = ring.to_device(staged, self.device, stream=self.stream)
+            else:
+                on_device = map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
+            del staged
+            if self.transform is not None:
+                on_device = self.transform(on_device)
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return on_device, ready
+
+
+class _Producer:
+    """The background thread's side. The thread refers to this object only, never to the
+    iterator the training loop holds, so dropping that iterator (a ``break``) collects it and
+    its ``__del__`` stops the thread."""
+
+    def __init__(self, owner: DevicePrefetcher) -> None:
+        self.owner = owner
+        self.queue: queue.Queue = queue.Queue(maxsize=owner.depth)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=self.run, args=(iter(owner.loader),), name="torchfeed-prefetch", daemon=True
+        )
+        self.thread.start()
+
+    def put(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(self, it: Iterator) -> None:
+        try:
+            if self.owner.device.type == "cuda":
+                torch.cuda.set_device(self.owner.device)
+            for batch in it:
+                if self.stop.is_set():
+                    return
+                item = self.owner._prepare(batch)
+                del batch
+                if not self.put(item):
+                    return
+            self.put(_END)
+        except BaseException as e:  # surfaces in the training loop
+            self.put(_Failure(e))
+        finally:
+            del it  # a DataLoader iterator shuts its workers down here (unless persistent)
+
+    def close(self) -> None:
+        self.stop.set()
+        while True:  # unblock a producer waiting to put
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout=10)
+
+
+class _PrefetchIterator:
+    def __init__(self, owner: DevicePrefetcher) -> None:
+        self._owner = owner
+        self._producer = _Producer(owner)
+        self._done = False
+
+    def __iter__(self) -> _PrefetchIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        producer = self._producer
+        while True:
+            try:
+                item = producer.queue.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if not producer.thread.is_alive() and producer.queue.empty():
+                    self.close()
+                    raise RuntimeError(
+                        "DevicePrefetcher: the prefetch thread ended unexpectedly"
+                    ) from None
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.error
+        batch, ready = item
+        if ready is not None:
+            consumer = torch.cuda.current_stream(self._owner.device)
+            consumer.wait_event(ready)
+            for t in tensors_of(batch):
+                if isinstance(t, Tensor) and t.is_cuda:
+                    t.record_stream(consumer)  # not reused while the step still reads it
+        return batch
+
+    def close(self) -> None:
+        """Stops the background thread (idempotent)."""
+        self._done = True
+        self._producer.close()
+
+    def __del__(self) -> None:
+        self.close()

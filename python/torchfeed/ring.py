@@ -1,0 +1,199 @@
+"""PinnedRing: a bounded, exact-size, event-guarded ring of page-locked host memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from torchfeed.images import RaggedImages
+from torchfeed.padding import Padded
+from torchfeed.ragged import RaggedBatch
+
+_FIELD_ALIGN = 64  # each tensor of a staged batch starts on a cache line
+
+
+def map_tensors(obj: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """Applies ``fn`` to every tensor of a nested batch (dicts, lists, tuples, namedtuples,
+    RaggedBatch, RaggedImages), rebuilding the same structure."""
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, RaggedBatch):
+        return obj._with(fn(obj.values), fn(obj.offsets))
+    if isinstance(obj, RaggedImages):
+        return obj._with(fn(obj.data))
+    if isinstance(obj, Padded):
+        return Padded(*(fn(t) for t in obj))
+    if isinstance(obj, Mapping):
+        return (
+            type(obj)({k: map_tensors(v, fn) for k, v in obj.items()})
+            if isinstance(obj, dict)
+            else {k: map_tensors(v, fn) for k, v in obj.items()}
+        )
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
+    if isinstance(obj, list | tuple):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def tensors_of(obj: Any) -> list[Tensor]:
+    found: list[Tensor] = []
+
+    def visit(t: Tensor) -> Tensor:
+        found.append(t)
+        return t
+
+    map_tensors(obj, visit)
+    return found
+
+
+class PinnedRing:
+    """One arena of ``capacity`` bytes, allocated once: page-locked through the CUDA runtime
+    when a GPU is usable (``pinned=None``), page-aligned host memory otherwise (optionally
+    ``mlock``-ed). Blocks of exact sizes (rounded up to ``alignment``) are handed out in FIFO
+    order with wrap-around.
+
+    A block's bytes are reused only after its fence completed: every host tensor viewing it has
+    been freed (the consumer released it) and every copy event recorded for it (by
+    :meth:`to_device`) has fired. A full ring blocks the producer for up to ``timeout`` seconds,
+    then raises ``TimeoutError`` naming the capacity, the bytes in flight and the request; a
+    request larger than the arena raises ``ValueError`` at once. Thread-safe: one thread can
+    stage while another consumes.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        alignment: int = 256,
+        pinned: bool | None = None,
+        mlock: bool = False,
+        timeout: float = 30.0,
+    ) -> None:
+        from torchfeed import _C
+
+        for name, value in (("capacity", capacity), ("alignment", alignment)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.timeout = float(timeout)
+        flag = -1 if pinned is None else int(bool(pinned))
+        self._ring = _C._PinnedRing(capacity, alignment, flag, bool(mlock))
+        self._base = self._ring.base_address  # tells ring tensors from others
+
+    # --- the raw block interface ---------------------------------------------------------------
+    def allocate(self, nbytes: int, timeout: float | None = None) -> Tensor:
+        """A uint8 tensor ``[nbytes]`` over a fresh block, held until it (and every view of it)
+        is freed."""
+        return self._ring.allocate(nbytes, self.timeout if timeout is None else timeout)
+
+    @property
+    def capacity(self) -> int:
+        return self._ring.capacity
+
+    @property
+    def alignment(self) -> int:
+        return self._ring.alignment
+
+    @property
+    def pinned(self) -> bool:
+        return self._ring.pinned
+
+    def stats(self) -> dict[str, Any]:
+        """capacity, bytes_in_use, high_water, blocks_in_flight, allocations, waits,
+        wait_seconds, pinned."""
+        return self._ring.stats()
+
+    def blocks(self) -> list[tuple[int, int, int, bool, int]]:
+        """(id, offset, size, held by a host tensor, pending copy events) of each live block."""
+        return self._ring.blocks()
+
+    # --- batches -------------------------------------------------------------------------------
+    def stage(self, batch: Any, timeout: float | None = None) -> Any:
+        """Copies every CPU tensor of a nested batch into ONE ring block and returns the same
+        structure viewing ring memory (``is_pinned()`` on a GPU machine). Tensors already on a
+        device are left as they are."""
+        leaves = [t for t in tensors_of(batch) if t.device.type == "cpu"]
+        offsets: dict[int, int] = {}
+        total = 0
+        for t in leaves:
+            if id(t) in offsets:
+                continue
+            offsets[id(t)] = total
+            total += -(-t.numel() * t.element_size() // _FIELD_ALIGN) * _FIELD_ALIGN
+        if not leaves:
+            return batch
+        block = self.allocate(total, timeout)
+
+        def place(t: Tensor) -> Tensor:
+            if t.device.type != "cpu":
+                return t
+            start = offsets[id(t)]
+            view = block[start : start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            view.copy_(t)
+            return view
+
+        return map_tensors(batch, place)
+
+    def _in_ring(self, t: Tensor) -> bool:
+        return t.device.type == "cpu" and self._base <= t.data_ptr() < self._base + self.capacity
+
+    def to_device(
+        self,
+        staged: Any,
+        device: torch.device | str,
+        non_blocking: bool = True,
+        stream: torch.cuda.Stream | None = None,
+    ) -> Any:
+        """Enqueues the copies of a staged batch to ``device`` on ``stream`` (default: the
+        current stream), records the blocks' fences after them, and returns the device batch.
+
+        If ``stream`` is not the current stream, the current stream is made to wait for it and
+        every device tensor is marked as used by the current stream (``record_stream``), so the
+        batch is safe to use right away on the current stream."""
+        device = torch.device(device)
+        if device.type != "cuda":
+            return map_tensors(staged, lambda t: t.to(device))
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        consumer = torch.cuda.current_stream(device)
+        stream = consumer if stream is None else stream
+        with torch.cuda.stream(stream):
+            out = map_tensors(staged, lambda t: t.to(device, non_blocking=non_blocking))
+        for t in tensors_of(staged):
+            if self._in_ring(t):
+                self._ring.record(t, stream.cuda_stream, device.index)
+        if stream != consumer:
+            consumer.wait_stream(stream)
+            for t in tensors_of(out):
+                if t.is_cuda:
+                    t.record_stream(consumer)
+        return out
+
+    # --- lifetime ------------------------------------------------------------------------------
+    def close(self, timeout: float | None = None) -> None:
+        """No more allocations; frees the arena once no copy from it is pending (waiting up to
+        ``timeout`` seconds for those). Tensors still viewing the ring keep the arena alive
+        until they are freed."""
+        self._ring.close(self.timeout if timeout is None else timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._ring.closed
+
+    def __enter__(self) -> PinnedRing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (
+            f"PinnedRing(capacity={s['capacity']}, pinned={s['pinned']}, "
+            f"bytes_in_use={s['bytes_in_use']}, blocks_in_flight={s['blocks_in_flight']})"
+        )
