@@ -85,8 +85,8 @@ def test_split_for_consumer_equal_counts():
     items = list(range(10))
     drop = [split_for_consumer(items, c, 4, "drop") for c in range(4)]
     pad = [split_for_consumer(items, c, 4, "pad") for c in range(4)]
-    assert {len(x) for x in drop} == {2} and sorted(sum(drop, [])) == list(range(8))
-    assert {len(x) for x in pad} == {3} and set(sum(pad, [])) == set(range(10))
+    assert {len(x) for x in drop} == {2} and sorted(i for x in drop for i in x) == list(range(8))
+    assert {len(x) for x in pad} == {3} and {i for x in pad for i in x} == set(range(10))
     with pytest.raises(ValueError, match="uneven must be 'drop' or 'pad'"):
         split_for_consumer(items, 0, 2, "round")
 
