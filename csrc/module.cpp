@@ -6,6 +6,7 @@
 
 #include "common/cpu_isa.h"
 #include "memory/pinned_ring.h"
+#include "memory/shared_ring.h"
 
 namespace {
 
@@ -86,4 +87,25 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("pinned", &PinnedRing::pinned)
       .def_property_readonly("base_address", &PinnedRing::base_address)
       .def_property_readonly("closed", &PinnedRing::closed);
+
+  using torchfeed::SharedRing;
+  pybind11::class_<SharedRing, std::shared_ptr<SharedRing>>(m, "_SharedRing")
+      .def_static("mapping_size", &SharedRing::mapping_size, pybind11::arg("capacity"))
+      .def_static("create", &SharedRing::create, pybind11::arg("base"), pybind11::arg("capacity"),
+                  pybind11::arg("alignment"))
+      .def_static("attach", &SharedRing::attach, pybind11::arg("base"))
+      .def("acquire", &SharedRing::acquire, pybind11::arg("nbytes"), pybind11::arg("timeout"),
+           pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("abandon", &SharedRing::abandon, pybind11::arg("slot"), pybind11::arg("generation"))
+      .def("view", &SharedRing::view, pybind11::arg("slot"), pybind11::arg("generation"),
+           pybind11::arg("nbytes"))
+      .def("record", &SharedRing::record, pybind11::arg("view"), pybind11::arg("stream"),
+           pybind11::arg("device"))
+      .def("register_pinned", &SharedRing::register_pinned)
+      .def("unregister_pinned", &SharedRing::unregister_pinned)
+      .def("reclaim_dead", &SharedRing::reclaim_dead)
+      .def("stats", &SharedRing::stats)
+      .def_property_readonly("capacity", &SharedRing::capacity)
+      .def_property_readonly("data_address", &SharedRing::data_address)
+      .def_property_readonly("pinned", &SharedRing::pinned);
 }

@@ -204,6 +204,11 @@ at::Tensor PinnedRing::allocate(int64_t nbytes, double timeout_s) {
     throw std::invalid_argument("PinnedRing.allocate: nbytes must be >= 0, got " +
                                 std::to_string(nbytes));
   }
+  if (nbytes == 0) {
+    // Nothing to hold: a zero-size block would sit at the tail with the offset of the oldest
+    // block and make a wrapped ring look unwrapped.
+    return at::empty({0}, at::TensorOptions().dtype(at::kByte));
+  }
   const int64_t size = (nbytes + alignment_ - 1) / alignment_ * alignment_;
   if (size > capacity_) {
     throw std::invalid_argument("PinnedRing.allocate: a request of " + std::to_string(nbytes) +
@@ -279,7 +284,7 @@ void PinnedRing::record(const at::Tensor& view, int64_t stream, int64_t device) 
   const auto* p = static_cast<const uint8_t*>(view.data_ptr());
   const int64_t offset = p - base_;
   for (Block& b : blocks_) {
-    if (offset >= b.offset && offset < b.offset + std::max<int64_t>(b.size, 1)) {
+    if (offset >= b.offset && offset < b.offset + b.size) {
       if (!b.events.empty() && b.event_device != device) {
         throw std::invalid_argument("PinnedRing.record: a block's copies must all go to one device");
       }

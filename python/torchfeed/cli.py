@@ -1,4 +1,10 @@
-"""The ``torchfeed`` command: ``torchfeed bench`` (the end-to-end pipeline benchmark)."""
+"""The ``torchfeed`` command.
+
+- ``torchfeed bench``: the usual input pipeline and the torchfeed pipeline on the same data
+  (built-in JPEGs and token sequences, or your image folder), with samples/s, speedups, epoch
+  times, where the time goes, and the machine.
+- ``torchfeed doctor``: what this machine and build can do, and advice for the loader.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def _workers(text: str) -> list[int]:
@@ -34,96 +41,222 @@ def _positive(name: str):
     return parse
 
 
+def _suites(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in ("images", "text")]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"--suite takes 'images', 'text' or both, got {text!r}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchfeed", description=__doc__)
+    parser = argparse.ArgumentParser(prog="torchfeed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser(
         "bench",
         help="measure a real DataLoader pipeline, baseline vs torchfeed",
-        description="Runs the usual input pipeline and the torchfeed pipeline on the same "
-        "built-in data and prints samples/s, the speedup, epoch times and the machine.",
+        description="Runs the usual input pipeline and the torchfeed pipeline on the same data "
+        "and prints samples/s, the speedup, epoch times, a stage breakdown and the machine.",
     )
-    bench.add_argument(
-        "--workers",
-        type=_workers,
-        default=None,
-        help="DataLoader worker counts to run, comma-separated (default: 2)",
-    )
+    bench.add_argument("--device", default=None,
+                       help="cpu or cuda[:N] (default: cuda when a GPU is usable, else cpu)")
+    bench.add_argument("--workers", type=_workers, default=[2],
+                       help="DataLoader worker counts, comma-separated (default: 2)")
     bench.add_argument("--batch-size", type=_positive("--batch-size"), default=64)
-    bench.add_argument(
-        "--epochs",
-        type=_positive("--epochs"),
-        default=3,
-        help="timed epochs after one start-up epoch (default: 3)",
-    )
-    bench.add_argument(
-        "--text-samples",
-        type=_positive("--text-samples"),
-        default=8192,
-        help="sequences in the built-in token workload (default: 8192)",
-    )
-    bench.add_argument(
-        "--quick",
-        action="store_true",
-        help="a few seconds: small workloads, one timed epoch (for CI and tests)",
-    )
+    bench.add_argument("--epochs", type=_positive("--epochs"), default=3,
+                       help="timed epochs after one start-up epoch (default: 3)")
+    bench.add_argument("--images", type=_positive("--images"), default=2000,
+                       help="images in the built-in dataset, or the first N of --data")
+    bench.add_argument("--text-samples", type=_positive("--text-samples"), default=8192)
+    bench.add_argument("--data", type=Path, default=None,
+                       help="an ImageFolder-style directory of your own images instead")
+    bench.add_argument("--cache-dir", type=Path, default=None,
+                       help="where the built-in dataset lives (default: ~/.cache/torchfeed, "
+                       "or $TORCHFEED_CACHE)")
+    bench.add_argument("--suite", type=_suites, default=["images", "text"],
+                       help="images, text, or both (default)")
+    bench.add_argument("--quick", action="store_true",
+                       help="a few seconds: 96 images, batches of 32, one timed epoch")
     bench.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    bench.add_argument("--plot", type=Path, default=None,
+                       help="write a PNG bar chart of samples/s here (needs matplotlib)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    doctor = commands.add_parser("doctor", help="check this machine and build, with advice")
+    doctor.add_argument("--workers", type=int, default=2, help="num_workers you plan to use")
+    doctor.add_argument("--batch-mb", type=float, default=40.0,
+                        help="size of one collated batch in MB (default: 40)")
+    doctor.add_argument("--prefetch-factor", type=int, default=2)
     return parser  # fmt: skip
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from torchfeed.bench import text
+def _device(parser: argparse.ArgumentParser, text: str | None):
+    import torch
+
+    if text is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        parser.error(f"--device: unknown device {text!r} (expected cpu or cuda[:N])")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device: {text!r} is not supported by the benchmark (cpu or cuda)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {text}: no CUDA GPU is usable on this machine")
+    return device
+
+
+def _progress_printer(enabled: bool):
+    def report(done: int, total: int) -> None:
+        if enabled and (done == total or done % 100 == 0):
+            print(f"\rgenerating the built-in dataset: {done}/{total} JPEGs", end="",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            if done == total:
+                print(file=sys.stderr)
+
+    return report
+
+
+RESULT_COLUMNS = [
+    ("pipeline", "pipeline"),
+    ("config", "config"),
+    ("samples_per_s", "samples/s"),
+    ("speedup", "speedup"),
+    ("epoch_s", "epoch s (median)"),
+    ("first_epoch_s", "first epoch s"),
+    ("tokens_kept_pct", "real tokens %"),
+]
+
+
+def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import torch
+
+    from torchfeed.bench import dataset, images, text
     from torchfeed.bench.report import format_machine, format_table, machine_info
 
-    workers = args.workers or [2]
-    epochs = 1 if args.quick else args.epochs
-    text_samples = min(args.text_samples, 1024) if args.quick else args.text_samples
+    device = _device(parser, args.device)
+    if args.data is not None and not args.data.is_dir():
+        parser.error(f"--data: {args.data} is not a directory")
+    quick = args.quick
+    epochs = 1 if quick else args.epochs
+    batch_size = min(args.batch_size, 32) if quick else args.batch_size
+    n_images = min(args.images, 96) if quick else args.images
+    text_samples = min(args.text_samples, 1024) if quick else args.text_samples
     show = not args.no_progress and sys.stderr.isatty()
     machine = machine_info()
+    payload: dict[str, Any] = {
+        "machine": machine,
+        "settings": {"device": str(device), "workers": args.workers, "batch_size": batch_size,
+                     "epochs": epochs, "images": n_images, "text_samples": text_samples,
+                     "data": str(args.data) if args.data else None, "quick": quick},
+        "results": [],
+    }  # fmt: skip
+    rows: list[dict[str, Any]] = []
 
-    results = text.run(
-        size=text_samples, batch_size=args.batch_size, workers=workers, epochs=epochs,
-        show_progress=show,
-    )  # fmt: skip
+    if "images" in args.suite:
+        if args.data is not None:
+            try:
+                files, labels = dataset.list_image_folder(args.data, n_images)
+            except FileNotFoundError as e:
+                parser.error(str(e))
+        else:
+            root = dataset.ensure_builtin_dataset(n_images, args.cache_dir,
+                                                  progress=_progress_printer(not args.no_progress))  # fmt: skip
+            files, labels = dataset.list_image_folder(root, n_images)
+        agreement = images.check_agreement(files)
+        payload["agreement"] = agreement
+        skipped = images.SkippedLog()
+        results = images.run(files, labels, batch_size=batch_size, workers=args.workers,
+                             epochs=epochs, device=device, show_progress=show, skipped=skipped)  # fmt: skip
+        rows += _with_speedup(results, images.BASELINE)
+        stages = images.stage_breakdown(files, batch_size, device, repeat=2 if quick else 5)
+        payload["stages"] = stages
+        payload["skipped_files"] = [str(files[i]) for i in skipped.indices()]
+    if "text" in args.suite:
+        results = text.run(size=text_samples, batch_size=batch_size, workers=args.workers,
+                           epochs=epochs, show_progress=show)  # fmt: skip
+        rows += _with_speedup(results, text.BASELINE)
+    payload["results"] = rows
+
+    print(format_table(rows, RESULT_COLUMNS))
+    print(
+        f"speedup: samples/s over the baseline of its suite with the same config (images: "
+        f"'{images.BASELINE if 'images' in args.suite else '-'}'; text: '{text.BASELINE}'); "
+        f"median of {epochs} epoch(s) after a start-up epoch; batch size {batch_size}; "
+        f"device {device}"
+    )
+    if "images" in args.suite:
+        print()
+        print(f"where the time goes, ms per batch of {batch_size} (measured one stage at a time):")
+        print(format_table(payload["stages"], [("stage", "stage"), ("baseline_ms", "baseline"),
+                                               ("torchfeed_ms", "torchfeed")]))  # fmt: skip
+        a = payload["agreement"]
+        print(f"pipelines agree: the same {a['images']} images and parameters give outputs within "
+              f"{a['max_abs_diff']:.4f} of each other (bound {a['bound']:.4f}: torchvision rounds "
+              "to uint8 after resizing, torchfeed does not)")  # fmt: skip
+        if payload["skipped_files"]:
+            print(f"skipped {len(payload['skipped_files'])} unreadable file(s): "
+                  + ", ".join(payload["skipped_files"]))  # fmt: skip
+    print(format_machine(machine))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=2, default=str))
+    if args.plot is not None:
+        _plot(rows, args.plot)
+    del torch
+    return 0
+
+
+def _with_speedup(results, baseline: str) -> list[dict[str, Any]]:
     rows = []
     for r in results:
         row = r.row()
-        base = next(b for b in results if b.pipeline == text.BASELINE and b.config == r.config)
+        base = next(b for b in results if b.pipeline == baseline and b.config == r.config)
         row["speedup"] = r.samples_per_second / base.samples_per_second
         rows.append(row)
+    return rows
 
-    columns = [
-        ("pipeline", "pipeline"),
-        ("config", "config"),
-        ("samples_per_s", "samples/s"),
-        ("speedup", "speedup"),
-        ("epoch_s", "epoch s (median)"),
-        ("first_epoch_s", "first epoch s"),
-        ("tokens_kept_pct", "real tokens %"),
-    ]
-    print(format_table(rows, columns))
-    print(
-        f"speedup: samples/s over '{text.BASELINE}' with the same config; median of {epochs} "
-        f"epoch(s) after a start-up epoch; batch size {args.batch_size}"
-    )
-    print(format_machine(machine))
-    if args.json is not None:
-        payload = {
-            "machine": machine,
-            "settings": {"batch_size": args.batch_size, "epochs": epochs, "workers": workers,
-                         "text_samples": text_samples, "quick": args.quick},
-            "results": rows,
-        }  # fmt: skip
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2))
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--plot: matplotlib is not installed (pip install matplotlib); no chart written",
+              file=sys.stderr)  # fmt: skip
+        return
+    labels = [f"{r['pipeline']}\n[{r['config']}]" for r in rows]
+    values = [r["samples_per_s"] for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 0.5 * len(rows) + 1.5))
+    ax.barh(range(len(rows)), values, color=["#888" if "baseline" in lab or "pad_sequence" in lab
+                                             else "#2a7" for lab in labels])  # fmt: skip
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("samples/s (higher is better)")
+    ax.set_title("torchfeed bench")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from torchfeed.doctor import report
+
+    print(report(args.workers, args.batch_mb, args.prefetch_factor))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "bench":
-        return cmd_bench(args)
+        return cmd_bench(parser, args)
+    if args.command == "doctor":
+        return cmd_doctor(args)
     raise AssertionError(args.command)
 
 

@@ -27,6 +27,30 @@ def empty_for_batch(numel: int, like: Tensor) -> Tensor:
     return like.new_empty(numel)
 
 
+def image_shapes(images: Sequence[Tensor], layout: Layout) -> list[tuple[int, int, int]]:
+    """(C, H, W) of each image, after checking they can be packed together."""
+    check_layout(layout)
+    if not images:
+        raise ValueError("images must hold at least one image, got none")
+    for i, im in enumerate(images):
+        if not isinstance(im, Tensor):
+            raise TypeError(f"images[{i}] must be a tensor, got {type(im).__name__}")
+        if im.dim() != 3:
+            raise ValueError(
+                f"images[{i}] must be 3-D ({'[C, H, W]' if layout == 'CHW' else '[H, W, C]'})"
+                f", got shape {list(im.shape)}"
+            )
+        if im.dtype != images[0].dtype or im.device != images[0].device:
+            raise TypeError(
+                f"images[{i}] is {im.dtype} on {im.device} but images[0] is "
+                f"{images[0].dtype} on {images[0].device}"
+            )
+    return [
+        tuple(im.shape) if layout == "CHW" else (im.shape[2], im.shape[0], im.shape[1])
+        for im in images
+    ]
+
+
 class RaggedImages:
     """B images ``[C, H_i, W_i]`` (one channel count, one dtype, uint8 in practice) packed into
     one 1-D buffer; each image is stored whole, in ``layout`` order (``"CHW"`` or ``"HWC"``).
@@ -65,27 +89,8 @@ class RaggedImages:
     def from_images(cls, images: Sequence[Tensor], layout: Layout = "CHW") -> RaggedImages:
         """Packs ``[C, H_i, W_i]`` images (``layout="CHW"``) or ``[H_i, W_i, C]`` ones
         (``"HWC"``, as PIL and numpy decode them) with one copy."""
-        check_layout(layout)
         images = list(images)
-        if not images:
-            raise ValueError("images must hold at least one image, got none")
-        for i, im in enumerate(images):
-            if not isinstance(im, Tensor):
-                raise TypeError(f"images[{i}] must be a tensor, got {type(im).__name__}")
-            if im.dim() != 3:
-                raise ValueError(
-                    f"images[{i}] must be 3-D ({'[C, H, W]' if layout == 'CHW' else '[H, W, C]'})"
-                    f", got shape {list(im.shape)}"
-                )
-            if im.dtype != images[0].dtype or im.device != images[0].device:
-                raise TypeError(
-                    f"images[{i}] is {im.dtype} on {im.device} but images[0] is "
-                    f"{images[0].dtype} on {images[0].device}"
-                )
-        shapes = [
-            tuple(im.shape) if layout == "CHW" else (im.shape[2], im.shape[0], im.shape[1])
-            for im in images
-        ]
+        shapes = image_shapes(images, layout)
         data = empty_for_batch(sum(im.numel() for im in images), images[0])
         # shapes are validated by the constructor; the copy fills the buffer image by image
         torch.cat([im.reshape(-1) for im in images], out=data)
@@ -157,36 +162,70 @@ class ImageCollate:
     through ``default_collate``. Samples are dicts (``image_key`` a key), tuples (a position) or
     bare images."""
 
-    def __init__(self, image_key: str | int = 0, layout: Layout = "CHW") -> None:
+    def __init__(self, image_key: str | int = 0, layout: Layout = "CHW", ring: Any = None) -> None:
         check_layout(layout)
         self.image_key = image_key
         self.layout = layout
+        self.ring = ring  # a torchfeed.shared.SharedRing: workers collate into it (zero copy)
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         if not batch:
             raise ValueError("ImageCollate: batch is empty")
+        zero_copy = self.ring is not None and get_worker_info() is not None
+        pack_images = _lazy_images if zero_copy else RaggedImages.from_images
+        other = private_collate if zero_copy else default_collate
         first = batch[0]
         if isinstance(first, Tensor):
-            return RaggedImages.from_images(batch, self.layout)
-        if isinstance(first, Mapping):
+            out: Any = pack_images(batch, self.layout)
+        elif isinstance(first, Mapping):
             if self.image_key not in first:
                 raise KeyError(f"ImageCollate: samples have no field {self.image_key!r}")
-            out = {k: default_collate([s[k] for s in batch]) for k in first if k != self.image_key}
-            out[self.image_key] = RaggedImages.from_images(
-                [s[self.image_key] for s in batch], self.layout
-            )
-            return {k: out[k] for k in first}
-        if isinstance(first, tuple | list):
+            out = {
+                k: pack_images([s[k] for s in batch], self.layout)
+                if k == self.image_key
+                else other([s[k] for s in batch])
+                for k in first
+            }
+        elif isinstance(first, tuple | list):
             key = self.image_key
             if not isinstance(key, int) or not 0 <= key < len(first):
                 raise KeyError(f"ImageCollate: samples have no position {key!r}")
             fields = [
-                RaggedImages.from_images([s[j] for s in batch], self.layout)
+                pack_images([s[j] for s in batch], self.layout)
                 if j == key
-                else default_collate([s[j] for s in batch])
+                else other([s[j] for s in batch])
                 for j in range(len(first))
             ]
-            return type(first)(fields) if isinstance(first, tuple) else fields
-        raise TypeError(
-            f"ImageCollate: samples must be images, dicts or tuples, got {type(first).__name__}"
-        )
+            out = type(first)(fields) if isinstance(first, tuple) else fields
+        else:
+            raise TypeError(
+                f"ImageCollate: samples must be images, dicts or tuples, got {type(first).__name__}"
+            )
+        return self.ring.pack(out) if zero_copy else out
+
+
+def _lazy_images(images: Sequence[Tensor], layout: Layout) -> RaggedImages:
+    """RaggedImages whose buffer ``SharedRing.pack`` writes straight into the ring."""
+    from torchfeed.shared import Concat
+
+    images = list(images)
+    shapes = image_shapes(images, layout)
+    out = object.__new__(RaggedImages)
+    out.data = Concat(images)
+    out.layout = layout
+    out._shapes = tuple(shapes)
+    out._offsets = tuple(itertools.accumulate((c * h * w for c, h, w in shapes), initial=0))
+    return out
+
+
+def private_collate(values: list) -> Any:
+    """default_collate for the other fields of a zero-copy batch, in private memory
+    (default_collate allocates shared memory inside a worker, which the ring replaces)."""
+    first = values[0]
+    if isinstance(first, Tensor):
+        return torch.stack(values)
+    if isinstance(first, bool | int | float) and all(
+        type(v) is type(first) for v in values
+    ):
+        return torch.tensor(values, dtype=torch.float64 if isinstance(first, float) else None)
+    return default_collate(values)

@@ -9,33 +9,28 @@ import torch
 from torch import Tensor
 
 from torchfeed.images import RaggedImages
-from torchfeed.padding import Padded
 from torchfeed.ragged import RaggedBatch
 
 _FIELD_ALIGN = 64  # each tensor of a staged batch starts on a cache line
 
 
-def map_tensors(obj: Any, fn: Callable[[Tensor], Tensor]) -> Any:
-    """Applies ``fn`` to every tensor of a nested batch (dicts, lists, tuples, namedtuples,
-    RaggedBatch, RaggedImages), rebuilding the same structure."""
-    if isinstance(obj, Tensor):
+def map_tensors(obj: Any, fn: Callable[[Any], Any],
+                is_leaf: Callable[[Any], bool] = lambda x: isinstance(x, Tensor)) -> Any:  # fmt: skip
+    """Applies ``fn`` to every leaf (tensor) of a nested batch (dicts, lists, tuples,
+    namedtuples, RaggedBatch, RaggedImages, Padded), rebuilding the same structure."""
+    if is_leaf(obj):
         return fn(obj)
     if isinstance(obj, RaggedBatch):
         return obj._with(fn(obj.values), fn(obj.offsets))
     if isinstance(obj, RaggedImages):
         return obj._with(fn(obj.data))
-    if isinstance(obj, Padded):
-        return Padded(*(fn(t) for t in obj))
     if isinstance(obj, Mapping):
-        return (
-            type(obj)({k: map_tensors(v, fn) for k, v in obj.items()})
-            if isinstance(obj, dict)
-            else {k: map_tensors(v, fn) for k, v in obj.items()}
-        )
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(map_tensors(v, fn) for v in obj))
+        items = {k: map_tensors(v, fn, is_leaf) for k, v in obj.items()}
+        return type(obj)(items) if isinstance(obj, dict) else items
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuples, Padded among them
+        return type(obj)(*(map_tensors(v, fn, is_leaf) for v in obj))
     if isinstance(obj, list | tuple):
-        return type(obj)(map_tensors(v, fn) for v in obj)
+        return type(obj)(map_tensors(v, fn, is_leaf) for v in obj)
     return obj
 
 

@@ -1,0 +1,405 @@
+#include "memory/shared_ring.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <ctime>
+#include <stdexcept>
+#include <utility>
+
+#include "memory/pinned_ring.h"  // RingTimeoutError
+
+#ifdef TORCHFEED_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace torchfeed {
+namespace {
+
+constexpr uint64_t kMagic = 0x74666565645f7231ULL;  // "tfeed_r1"
+constexpr int32_t kFree = 0;
+constexpr int32_t kWorker = 1;
+constexpr int32_t kConsumer = 2;
+
+bool process_alive(int32_t pid) {
+  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+void check(int rc, const char* what) {
+  if (rc != 0) throw std::runtime_error(std::string("SharedRing: ") + what + " failed");
+}
+
+}  // namespace
+
+int64_t SharedRing::mapping_size(int64_t capacity) {
+  return align_up(static_cast<int64_t>(sizeof(SharedControl)), 4096) + capacity;
+}
+
+SharedRing::SharedRing(int64_t base)
+    : base_(base), control_(reinterpret_cast<SharedControl*>(base)) {}
+
+std::shared_ptr<SharedRing> SharedRing::create(int64_t base, int64_t capacity,
+                                               int64_t alignment) {
+  if (capacity <= 0) {
+    throw std::invalid_argument("SharedRing: capacity must be > 0 bytes, got " +
+                                std::to_string(capacity));
+  }
+  if (alignment <= 0 || (alignment & (alignment - 1)) != 0 || alignment > 4096) {
+    throw std::invalid_argument("SharedRing: alignment must be a power of two in [1, 4096], got " +
+                                std::to_string(alignment));
+  }
+  auto* c = reinterpret_cast<SharedControl*>(base);
+  c->magic = 0;
+  c->capacity = capacity;
+  c->data_offset = align_up(static_cast<int64_t>(sizeof(SharedControl)), 4096);
+  c->alignment = alignment;
+  pthread_mutexattr_t ma;
+  check(pthread_mutexattr_init(&ma), "pthread_mutexattr_init");
+  check(pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED), "setpshared");
+  // Robust: a worker killed while holding the lock does not wedge the others.
+  check(pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST), "setrobust");
+  check(pthread_mutex_init(&c->mu, &ma), "pthread_mutex_init");
+  pthread_mutexattr_destroy(&ma);
+  pthread_condattr_t ca;
+  check(pthread_condattr_init(&ca), "pthread_condattr_init");
+  check(pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED), "setpshared");
+  check(pthread_condattr_setclock(&ca, CLOCK_MONOTONIC), "setclock");
+  check(pthread_cond_init(&c->released, &ca), "pthread_cond_init");
+  pthread_condattr_destroy(&ca);
+  c->next_generation = 1;
+  c->allocations = c->waits = c->reclaimed = c->high_water = 0;
+  for (SharedSlot& s : c->slots) s = SharedSlot{kFree, 0, 0, 0, 0};
+  __atomic_store_n(&c->magic, kMagic, __ATOMIC_RELEASE);
+  return std::shared_ptr<SharedRing>(new SharedRing(base));
+}
+
+std::shared_ptr<SharedRing> SharedRing::attach(int64_t base) {
+  auto* c = reinterpret_cast<SharedControl*>(base);
+  if (__atomic_load_n(&c->magic, __ATOMIC_ACQUIRE) != kMagic) {
+    throw std::runtime_error("SharedRing: the mapping holds no initialized ring");
+  }
+  return std::shared_ptr<SharedRing>(new SharedRing(base));
+}
+
+SharedRing::~SharedRing() {
+  unregister_pinned();
+#ifdef TORCHFEED_WITH_CUDA
+  for (void* e : event_pool_) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
+#endif
+}
+
+void SharedRing::lock() {
+  const int rc = pthread_mutex_lock(&control_->mu);
+  if (rc == EOWNERDEAD) {
+    // Its holder died mid-update: the table is still consistent enough (each field is
+    // written whole); mark the mutex usable and let reclaim_dead() free the dead one's regions.
+    pthread_mutex_consistent(&control_->mu);
+  } else if (rc != 0) {
+    throw std::runtime_error("SharedRing: pthread_mutex_lock failed");
+  }
+}
+
+std::tuple<int64_t, int64_t, int64_t> SharedRing::acquire(int64_t nbytes, double timeout_s) {
+  SharedControl* c = control_;
+  if (nbytes < 0) {
+    throw std::invalid_argument("SharedRing.acquire: nbytes must be >= 0, got " +
+                                std::to_string(nbytes));
+  }
+  const int64_t size = align_up(std::max<int64_t>(nbytes, 1), c->alignment);
+  if (size > c->capacity) {
+    throw std::invalid_argument("SharedRing.acquire: a batch of " + std::to_string(nbytes) +
+                                " bytes is larger than the ring's capacity of " +
+                                std::to_string(c->capacity) + " bytes");
+  }
+  timespec deadline;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  const double whole = static_cast<double>(static_cast<int64_t>(timeout_s));
+  deadline.tv_sec += static_cast<time_t>(whole);
+  deadline.tv_nsec += static_cast<long>((timeout_s - whole) * 1e9);
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec += 1;
+    deadline.tv_nsec -= 1000000000L;
+  }
+  lock();
+  bool waited = false;
+  for (;;) {
+    // first fit among the gaps between live regions
+    std::vector<std::pair<int64_t, int64_t>> used;
+    int free_slot = -1;
+    for (int i = 0; i < kSharedRingSlots; ++i) {
+      if (c->slots[i].state == kFree) {
+        if (free_slot < 0) free_slot = i;
+      } else {
+        used.emplace_back(c->slots[i].offset, c->slots[i].size);
+      }
+    }
+    std::sort(used.begin(), used.end());
+    int64_t at = -1, cursor = 0;
+    for (const auto& [off, sz] : used) {
+      if (off - cursor >= size) {
+        at = cursor;
+        break;
+      }
+      cursor = std::max(cursor, off + sz);
+    }
+    if (at < 0 && c->capacity - cursor >= size) at = cursor;
+    if (at >= 0 && free_slot >= 0) {
+      SharedSlot& s = c->slots[free_slot];
+      s = SharedSlot{kWorker, static_cast<int32_t>(getpid()), at, size, c->next_generation++};
+      c->allocations += 1;
+      if (waited) c->waits += 1;
+      int64_t in_use = size;
+      for (const auto& u : used) in_use += u.second;
+      c->high_water = std::max(c->high_water, in_use);
+      const std::tuple<int64_t, int64_t, int64_t> result{free_slot, s.generation,
+                                                          c->data_offset + at};
+      unlock();
+      return result;
+    }
+    // Full: regions of workers that died can go back at once.
+    int64_t freed = 0;
+    for (SharedSlot& s : c->slots) {
+      if (s.state == kWorker && !process_alive(s.pid)) {
+        s.state = kFree;
+        ++freed;
+      }
+    }
+    if (freed > 0) {
+      c->reclaimed += freed;
+      continue;
+    }
+    waited = true;
+    const int rc = pthread_cond_timedwait(&c->released, &c->mu, &deadline);
+    if (rc == EOWNERDEAD) pthread_mutex_consistent(&c->mu);
+    if (rc == ETIMEDOUT) {
+      int64_t in_use = 0, by_workers = 0, by_consumer = 0;
+      for (const SharedSlot& s : c->slots) {
+        if (s.state == kFree) continue;
+        in_use += s.size;
+        (s.state == kWorker ? by_workers : by_consumer) += 1;
+      }
+      const int64_t cap = c->capacity;
+      unlock();
+      throw RingTimeoutError(
+          "SharedRing.acquire: timed out after " + std::to_string(timeout_s) +
+          " s waiting for space: capacity " + std::to_string(cap) + " bytes, " +
+          std::to_string(in_use) + " bytes in use by " + std::to_string(by_consumer) +
+          " batch(es) the consumer still holds and " + std::to_string(by_workers) +
+          " being written or in transit, request " + std::to_string(nbytes) +
+          " bytes (a larger ring, or release batches sooner)");
+    }
+  }
+}
+
+void SharedRing::abandon(int64_t slot, int64_t generation) {
+  lock();
+  SharedSlot& s = control_->slots[slot];
+  if (s.generation == generation && s.state == kWorker) {
+    s.state = kFree;
+    pthread_cond_broadcast(&control_->released);
+  }
+  unlock();
+}
+
+at::Tensor SharedRing::view(int64_t slot, int64_t generation, int64_t nbytes) {
+  if (slot < 0 || slot >= kSharedRingSlots) {
+    throw std::invalid_argument("SharedRing.view: no slot " + std::to_string(slot));
+  }
+  lock();
+  SharedSlot& s = control_->slots[slot];
+  if (s.generation != generation || s.state != kWorker || nbytes > s.size) {
+    unlock();
+    throw std::runtime_error("SharedRing.view: the handle for slot " + std::to_string(slot) +
+                             " is stale (its region was reclaimed or released)");
+  }
+  s.state = kConsumer;
+  s.pid = static_cast<int32_t>(getpid());
+  const int64_t offset = s.offset;
+  unlock();
+  {
+    std::lock_guard<std::mutex> guard(local_mu_);
+    local_[slot] = Local{generation, true, {}};
+  }
+  std::shared_ptr<SharedRing> keep = shared_from_this();
+  return at::from_blob(
+      reinterpret_cast<void*>(data_address() + offset), {nbytes},
+      [keep, slot, generation](void*) {
+        {
+          std::lock_guard<std::mutex> guard(keep->local_mu_);
+          auto it = keep->local_.find(slot);
+          if (it != keep->local_.end() && it->second.generation == generation) {
+            it->second.host_held = false;
+          }
+        }
+        keep->release_if_done(slot, generation);
+      },
+      at::TensorOptions().dtype(at::kByte).device(at::kCPU));
+}
+
+void SharedRing::release_if_done(int64_t slot, int64_t generation) {
+  {
+    std::lock_guard<std::mutex> guard(local_mu_);
+    auto it = local_.find(slot);
+    if (it == local_.end() || it->second.generation != generation) return;
+    Local& l = it->second;
+    if (l.host_held) return;
+#ifdef TORCHFEED_WITH_CUDA
+    for (void* e : l.events) {
+      if (cudaEventQuery(static_cast<cudaEvent_t>(e)) == cudaErrorNotReady) return;
+    }
+    for (void* e : l.events) event_pool_.push_back(e);
+#endif
+    local_.erase(it);
+  }
+  lock();
+  SharedSlot& s = control_->slots[slot];
+  if (s.generation == generation && s.state == kConsumer) {
+    s.state = kFree;
+    pthread_cond_broadcast(&control_->released);
+  }
+  unlock();
+}
+
+void SharedRing::poll_fences() {
+  std::vector<std::pair<int64_t, int64_t>> candidates;
+  {
+    std::lock_guard<std::mutex> guard(local_mu_);
+    for (const auto& [slot, l] : local_) {
+      if (!l.host_held && !l.events.empty()) candidates.emplace_back(slot, l.generation);
+    }
+  }
+  for (const auto& [slot, gen] : candidates) release_if_done(slot, gen);
+}
+
+#ifdef TORCHFEED_WITH_CUDA
+namespace {
+struct FenceCallback {
+  std::shared_ptr<SharedRing> ring;
+  int64_t slot, generation;
+};
+}  // namespace
+#endif
+
+void SharedRing::record(const at::Tensor& view, int64_t stream, int64_t device) {
+#ifdef TORCHFEED_WITH_CUDA
+  const int64_t offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(view.data_ptr())) -
+                         data_address();
+  int64_t slot = -1, generation = 0;
+  lock();
+  for (int i = 0; i < kSharedRingSlots; ++i) {
+    const SharedSlot& s = control_->slots[i];
+    if (s.state == kConsumer && offset >= s.offset && offset < s.offset + s.size) {
+      slot = i;
+      generation = s.generation;
+    }
+  }
+  unlock();
+  if (slot < 0) {
+    throw std::invalid_argument("SharedRing.record: the tensor does not view a held region");
+  }
+  cudaEvent_t e;
+  {
+    std::lock_guard<std::mutex> guard(local_mu_);
+    if (!event_pool_.empty()) {
+      e = static_cast<cudaEvent_t>(event_pool_.back());
+      event_pool_.pop_back();
+    } else if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+      throw std::runtime_error("SharedRing.record: cudaEventCreate failed");
+    }
+    local_[slot].events.push_back(e);
+  }
+  (void)device;
+  auto s = reinterpret_cast<cudaStream_t>(stream);
+  if (cudaEventRecord(e, s) != cudaSuccess) {
+    throw std::runtime_error("SharedRing.record: cudaEventRecord failed");
+  }
+  // Release from the stream itself once the copy is done: the workers waiting for space are in
+  // other processes and cannot poll this process's events.
+  auto* cb = new FenceCallback{shared_from_this(), slot, generation};
+  const cudaError_t err = cudaLaunchHostFunc(
+      s,
+      [](void* p) {
+        std::unique_ptr<FenceCallback> f(static_cast<FenceCallback*>(p));
+        f->ring->release_if_done(f->slot, f->generation);
+      },
+      cb);
+  if (err != cudaSuccess) {
+    delete cb;
+    throw std::runtime_error("SharedRing.record: cudaLaunchHostFunc failed");
+  }
+#else
+  (void)view;
+  (void)stream;
+  (void)device;
+  throw std::invalid_argument("SharedRing.record: this build of torchfeed has no CUDA support");
+#endif
+}
+
+bool SharedRing::register_pinned() {
+#ifdef TORCHFEED_WITH_CUDA
+  int count = 0;
+  if (pinned_ || cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return pinned_;
+  if (cudaHostRegister(reinterpret_cast<void*>(data_address()),
+                       static_cast<size_t>(control_->capacity),
+                       cudaHostRegisterDefault) != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error("SharedRing: cudaHostRegister failed (is `ulimit -l` too low?)");
+  }
+  pinned_ = true;
+#endif
+  return pinned_;
+}
+
+void SharedRing::unregister_pinned() {
+#ifdef TORCHFEED_WITH_CUDA
+  if (pinned_) {
+    (void)cudaHostUnregister(reinterpret_cast<void*>(data_address()));
+    pinned_ = false;
+  }
+#endif
+}
+
+int64_t SharedRing::reclaim_dead() {
+  poll_fences();
+  lock();
+  int64_t freed = 0;
+  for (SharedSlot& s : control_->slots) {
+    if (s.state == kWorker && !process_alive(s.pid)) {
+      s.state = kFree;
+      ++freed;
+    }
+  }
+  control_->reclaimed += freed;
+  if (freed) pthread_cond_broadcast(&control_->released);
+  unlock();
+  return freed;
+}
+
+std::map<std::string, int64_t> SharedRing::stats() {
+  poll_fences();
+  lock();
+  const SharedControl* c = control_;
+  int64_t in_use = 0, by_workers = 0, by_consumer = 0;
+  for (const SharedSlot& s : c->slots) {
+    if (s.state == kFree) continue;
+    in_use += s.size;
+    (s.state == kWorker ? by_workers : by_consumer) += 1;
+  }
+  std::map<std::string, int64_t> out{{"capacity", c->capacity},
+                                     {"bytes_in_use", in_use},
+                                     {"regions_in_workers", by_workers},
+                                     {"regions_in_consumer", by_consumer},
+                                     {"allocations", c->allocations},
+                                     {"waits", c->waits},
+                                     {"reclaimed", c->reclaimed},
+                                     {"high_water", c->high_water}};
+  unlock();
+  return out;
+}
+
+}  // namespace torchfeed

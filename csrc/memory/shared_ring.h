@@ -1,0 +1,100 @@
+// SharedRing: an arena in shared memory (a memfd the main process creates before the workers
+// start, mapped by every worker), so that DataLoader workers collate straight into memory the
+// main process reads (and, with a GPU, has page-locked with cudaHostRegister): no shared-memory
+// file per tensor, no copy into pinned memory.
+//
+// A control block at the start of the mapping holds a robust, process-shared mutex and a table
+// of regions. A worker acquires a region (first fit), writes its batch, and sends a small handle
+// through the worker queue; the main process views the region and releases it when the last
+// view is freed and every copy event recorded for it has fired. Each region records its owner's
+// pid and a generation, so regions held by a worker that died can be reclaimed.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <pthread.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace torchfeed {
+
+constexpr int kSharedRingSlots = 128;
+
+struct SharedSlot {
+  int32_t state;  // kFree, kWorker (being written or in transit), kConsumer (viewed by main)
+  int32_t pid;    // the owner
+  int64_t offset, size, generation;
+};
+
+struct SharedControl {
+  uint64_t magic;
+  int64_t capacity;     // bytes of the data area
+  int64_t data_offset;  // where the data area starts in the mapping
+  int64_t alignment;
+  pthread_mutex_t mu;  // robust, process-shared
+  pthread_cond_t released;
+  int64_t next_generation;
+  int64_t allocations, waits, reclaimed;
+  int64_t high_water;
+  SharedSlot slots[kSharedRingSlots];
+};
+
+class SharedRing : public std::enable_shared_from_this<SharedRing> {
+ public:
+  // The mapping's size for a data area of `capacity` bytes.
+  static int64_t mapping_size(int64_t capacity);
+  // Main process: initializes the control block in a fresh mapping (`base` of mapping_size).
+  static std::shared_ptr<SharedRing> create(int64_t base, int64_t capacity, int64_t alignment);
+  // Any process: attaches to a mapping `create` initialized.
+  static std::shared_ptr<SharedRing> attach(int64_t base);
+  ~SharedRing();
+
+  // Worker: a region of nbytes; (slot, generation, offset from the mapping base). Waits up to
+  // timeout_s (reclaiming regions of dead workers), then throws RingTimeoutError.
+  std::tuple<int64_t, int64_t, int64_t> acquire(int64_t nbytes, double timeout_s);
+  // Worker: a region that will not be handed over after all (e.g. the collate failed).
+  void abandon(int64_t slot, int64_t generation);
+  // Main: a uint8 tensor over the region of a handle; the region is released when the tensor
+  // and all its views are freed and the copy events recorded for it have fired.
+  at::Tensor view(int64_t slot, int64_t generation, int64_t nbytes);
+  // Main: fences the region under `view` with an event recorded now on `stream`.
+  void record(const at::Tensor& view, int64_t stream, int64_t device);
+  // Main: page-locks the data area with cudaHostRegister (returns false without a GPU).
+  bool register_pinned();
+  void unregister_pinned();
+  // Main: frees regions whose owner process is gone; returns how many.
+  int64_t reclaim_dead();
+
+  int64_t capacity() const { return control_->capacity; }
+  int64_t data_address() const { return base_ + control_->data_offset; }
+  bool pinned() const { return pinned_; }
+  // capacity, bytes_in_use, regions (worker-held, consumer-held), allocations, waits, reclaimed
+  std::map<std::string, int64_t> stats();
+
+ private:
+  explicit SharedRing(int64_t base);
+  void lock();
+  void unlock() { pthread_mutex_unlock(&control_->mu); }
+  void release_if_done(int64_t slot, int64_t generation);
+  void poll_fences();
+
+  int64_t base_;
+  SharedControl* control_;
+  bool pinned_ = false;
+  // main-process side: host views alive and copy events per slot
+  std::mutex local_mu_;
+  struct Local {
+    int64_t generation;
+    bool host_held;
+    std::vector<void*> events;
+  };
+  std::map<int64_t, Local> local_;
+  std::vector<void*> event_pool_;
+};
+
+}  // namespace torchfeed

@@ -1,0 +1,93 @@
+"""The built-in image dataset of ``torchfeed bench``: real JPEG files of varied sizes and
+natural-looking content (smooth fields, shapes, texture), generated deterministically once and
+cached; or an ImageFolder-style directory of the user's own images."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+DATASET_VERSION = "v1"
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("TORCHFEED_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "torchfeed"
+
+
+def synthetic_image(index: int, seed: int = 0) -> torch.Tensor:
+    """A uint8 RGB image [3, H, W], H and W in [300, 600]: a few octaves of smooth colour noise
+    (sky, terrain), soft-edged ellipses and bars with gradients (objects), and fine texture."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + index)
+    h, w = (int(v) for v in torch.randint(300, 601, (2,), generator=g))
+    img = torch.zeros(1, 3, h, w)
+    for octave, weight in ((4, 0.55), (16, 0.3), (48, 0.15)):
+        coarse = torch.rand(1, 3, max(2, h // (600 // octave)), max(2, w // (600 // octave)),
+                            generator=g)  # fmt: skip
+        img += weight * F.interpolate(coarse, size=(h, w), mode="bicubic", align_corners=False)
+    ys = torch.linspace(0, 1, h).view(h, 1)
+    xs = torch.linspace(0, 1, w).view(1, w)
+    for _ in range(int(torch.randint(3, 9, (1,), generator=g))):
+        cy, cx, ry, rx, angle = torch.rand(5, generator=g).tolist()
+        ry, rx, angle = 0.05 + 0.3 * ry, 0.05 + 0.3 * rx, angle * math.pi
+        dy, dx = ys - cy, xs - cx
+        u = (dx * math.cos(angle) + dy * math.sin(angle)) / rx
+        v = (-dx * math.sin(angle) + dy * math.cos(angle)) / ry
+        inside = torch.sigmoid((1 - (u * u + v * v)) * 12)  # soft edge
+        colour = torch.rand(3, 1, 1, generator=g)
+        shade = 0.7 + 0.3 * (ys - cy + 0.5)  # a gradient across the shape
+        img[0] = img[0] * (1 - inside) + inside * (colour * shade).clamp(0, 1)
+    img += 0.02 * torch.randn(1, 3, h, w, generator=g)  # sensor-like texture
+    return (img[0].clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def ensure_builtin_dataset(
+    count: int,
+    cache_dir: Path | None = None,
+    classes: int = 10,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """``count`` JPEGs under ``cache_dir/images-v1`` in ImageFolder layout
+    (``class_07/00042.jpg``), generating only the ones missing. Returns the root."""
+    from torchvision.io import encode_jpeg
+
+    root = (cache_dir or default_cache_dir()) / f"images-{DATASET_VERSION}"
+    for i in range(count):
+        path = root / f"class_{i % classes:02d}" / f"{i:05d}.jpg"
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = encode_jpeg(synthetic_image(i), quality=90)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data.numpy().tobytes())
+        tmp.replace(path)  # never a half-written file under the real name
+        if progress is not None:
+            progress(i + 1, count)
+    return root
+
+
+def list_image_folder(root: Path, limit: int | None = None) -> tuple[list[Path], list[int]]:
+    """Image files under ``root`` (``root/<class>/<file>``, or files directly in root), sorted,
+    and a class index per file."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"--data: {root} is not a directory")
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if limit is not None:
+        files = files[:limit]
+    if not files:
+        raise FileNotFoundError(
+            f"--data: no images ({', '.join(IMAGE_SUFFIXES)}) under {root}"
+        )
+    classes = sorted({p.parent.name for p in files})
+    index = {c: i for i, c in enumerate(classes)}
+    return files, [index[p.parent.name] for p in files]

@@ -1,0 +1,71 @@
+"""``torchfeed doctor``: what this build and machine can do for an input pipeline, with advice."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+
+def _shm_bytes() -> tuple[int, int] | None:
+    try:
+        usage = shutil.disk_usage("/dev/shm")
+    except OSError:
+        return None
+    return usage.total, usage.free
+
+
+def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
+    import torch
+
+    import torchfeed
+
+    info = torchfeed.build_info()
+    lines = ["torchfeed doctor", ""]
+    lines.append(f"torchfeed {info['version']}, built against torch {info['torch_version']} "
+                 f"(running {info['torch_version_now']})")  # fmt: skip
+    lines.append(
+        "CUDA kernels: " + (f"compiled for sm {', '.join(info['cuda_archs'])} (CUDA "
+                            f"{info['cuda_version']})" if info["cuda_compiled"] else "not compiled")
+    )  # fmt: skip
+    lines.append(f"CPU kernels: {torchfeed._C.cpu_isa()} instruction set")
+    advice = []
+    if info["gpu_available"]:
+        lines.append(f"GPU: {info['gpu_name']} ({torch.cuda.device_count()} visible)")
+        try:
+            ring = torchfeed.PinnedRing(1 << 20, pinned=True)
+            lines.append(f"pinned memory: available (a 1 MiB page-locked ring: {ring.pinned})")
+            ring.close()
+        except Exception as e:  # report, do not fail
+            lines.append(f"pinned memory: NOT available ({e})")
+            advice.append("page-locked memory failed: check `ulimit -l` and the driver")
+        if not info["cuda_compiled"]:
+            advice.append("a GPU is present but this build has no CUDA kernels: rebuild with "
+                          "TORCHFEED_CUDA=ON and nvcc on PATH")  # fmt: skip
+    else:
+        lines.append("GPU: none usable (kernels run on the CPU; pinned memory is not available)")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines.append(f"CPUs usable by this process: {cpus}; torch intra-op threads: "
+                 f"{torch.get_num_threads()}")  # fmt: skip
+    if cpus is not None and workers >= cpus:
+        advice.append(
+            f"num_workers={workers} leaves no CPU for the main process ({cpus} usable): with "
+            "torchfeed's fused transform running in the main process, try "
+            f"num_workers={max(cpus - 1, 1)}"
+        )
+    need = workers * prefetch_factor * batch_mb * 1e6
+    shm = _shm_bytes()
+    if shm is None:
+        lines.append("/dev/shm: not found")
+        advice.append("no /dev/shm: DataLoader workers cannot share batches; use num_workers=0")
+    else:
+        total, free = shm
+        lines.append(f"/dev/shm: {total / 1e9:.1f} GB, {free / 1e9:.1f} GB free; the loader "
+                     f"needs about {need / 1e9:.2f} GB ({workers} workers x prefetch_factor "
+                     f"{prefetch_factor} x {batch_mb:g} MB)")  # fmt: skip
+        if need > free:
+            advice.append("/dev/shm is smaller than the batches in flight: workers will fail "
+                          "with 'bus error'; enlarge it (docker: --shm-size) or lower "
+                          "num_workers / prefetch_factor / batch size")  # fmt: skip
+    lines.append("")
+    lines += ["advice:"] + [f"- {a}" for a in advice] if advice else ["advice: none, all good"]
+    return "\n".join(lines)

@@ -1,0 +1,314 @@
+"""Zero-copy batches: DataLoader workers collate straight into a shared (and, on a GPU machine,
+page-locked) ring that the main process created, and send a small handle instead of tensors.
+
+Usual path: a worker's collate output becomes one fresh shared-memory file per tensor (file
+creation, descriptor passing, page faults on new pages); then the main process's pin thread
+copies it into pinned memory. Here the worker writes its batch once, into memory that stays
+mapped in every process and is already registered with the CUDA runtime.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, get_worker_info
+
+from torchfeed.ring import map_tensors, tensors_of
+
+_FIELD_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """A tensor of a packed batch: where it is in the region and what it looks like."""
+
+    offset: int
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+class Concat:
+    """A tensor that a collate will build by concatenating ``parts`` (flattened): packed into the
+    ring it is written once, in place."""
+
+    def __init__(self, parts: list[Tensor]) -> None:
+        self.parts = parts
+        self.dtype = parts[0].dtype
+        self.numel = sum(p.numel() for p in parts)
+
+    def into(self, out: Tensor) -> Tensor:
+        return torch.cat([p.reshape(-1) for p in self.parts], out=out)
+
+    def materialize(self) -> Tensor:
+        return torch.cat([p.reshape(-1) for p in self.parts])
+
+
+def _is_leaf(x: Any) -> bool:
+    return isinstance(x, Tensor | Concat)
+
+
+@dataclass
+class RingHandle:
+    """What crosses the worker queue instead of a batch: a region of the shared ring and the
+    layout of the batch inside it."""
+
+    slot: int
+    generation: int
+    nbytes: int
+    tree: Any
+
+
+class SharedRing:
+    """A ring of ``capacity`` bytes in shared memory (an anonymous memfd), created in the main
+    process before the workers start and mapped by every worker (fork or spawn). Workers
+    ``pack`` batches into regions; the main process ``unpack``s handles into tensors viewing the
+    same memory, and a region is free again once those tensors (and every view of them) are
+    gone and every copy from them has finished. With a usable GPU the memory is page-locked in
+    the main process (``cudaHostRegister``), so the very bytes a worker writes are DMA'd to the
+    GPU. Regions of a worker that died are reclaimed (``reclaim_dead``; also on demand when the
+    ring is full). Linux only (memfd)."""
+
+    def __init__(self, capacity: int, *, alignment: int = 256, timeout: float = 30.0,
+                 pinned: bool | None = None) -> None:  # fmt: skip
+        from torchfeed import _C
+
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+            raise ValueError(f"capacity must be a positive int (bytes), got {capacity!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if not hasattr(os, "memfd_create"):
+            raise OSError("SharedRing needs Linux (os.memfd_create)")
+        self.timeout = float(timeout)
+        self._size = _C._SharedRing.mapping_size(capacity)
+        self._owner = os.getpid()
+        self._fd = os.memfd_create("torchfeed-shared-ring", os.MFD_CLOEXEC)
+        os.ftruncate(self._fd, self._size)
+        self._map(self._fd)
+        self._ring = _C._SharedRing.create(self._base, capacity, alignment)
+        if pinned is not False:
+            registered = self._ring.register_pinned()
+            if pinned and not registered:
+                raise ValueError("SharedRing: pinned=True needs a usable CUDA GPU")
+        self._warned_oversize = False
+
+    def _map(self, fd: int) -> None:
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in now
+        self._mm = mmap.mmap(fd, self._size, flags=flags)
+        self._anchor = ctypes.c_char.from_buffer(self._mm)  # pins the mapping while we use it
+        self._base = ctypes.addressof(self._anchor)
+
+    # --- crossing into a spawned worker ---------------------------------------------------------
+    def __reduce__(self):
+        return (_attach, (self._owner, self._fd, self._size, self.timeout))
+
+    @classmethod
+    def _attached(cls, owner: int, fd: int, size: int, timeout: float) -> SharedRing:
+        from torchfeed import _C
+
+        self = object.__new__(cls)
+        self.timeout = timeout
+        self._size = size
+        self._owner = owner
+        # the owner's memfd, by its /proc path: works for spawned children, with no name to leak
+        local = os.open(f"/proc/{owner}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            self._map(local)
+        finally:
+            os.close(local)
+        self._fd = fd
+        self._ring = _C._SharedRing.attach(self._base)
+        self._warned_oversize = False
+        return self
+
+    # --- facts ---------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self._ring.capacity
+
+    @property
+    def pinned(self) -> bool:
+        return self._ring.pinned
+
+    def stats(self) -> dict[str, int]:
+        """capacity, bytes_in_use, regions_in_workers (being written or in transit),
+        regions_in_consumer, allocations, waits, reclaimed, high_water."""
+        return dict(self._ring.stats())
+
+    def reclaim_dead(self) -> int:
+        """Frees the regions of workers that died holding them; returns how many."""
+        return self._ring.reclaim_dead()
+
+    def contains(self, t: Tensor) -> bool:
+        start = self._ring.data_address
+        return t.device.type == "cpu" and start <= t.data_ptr() < start + self.capacity
+
+    def record(self, t: Tensor, stream: torch.cuda.Stream) -> None:
+        """Fences the region under ``t``: it is not reused before the work now queued on
+        ``stream`` (the copy of ``t``) has finished."""
+        self._ring.record(t, stream.cuda_stream, stream.device.index)
+
+    # --- the worker side -----------------------------------------------------------------------
+    def pack(self, batch: Any, timeout: float | None = None) -> RingHandle | Any:
+        """Writes every tensor of ``batch`` (and every :class:`Concat`) into one region and
+        returns its handle. A batch larger than the whole ring is returned as an ordinary batch,
+        with a one-time warning."""
+        leaves: list[Any] = []
+        map_tensors(batch, leaves.append, _is_leaf)
+        layout: dict[int, int] = {}
+        total = 0
+        for leaf in leaves:
+            if id(leaf) not in layout:
+                layout[id(leaf)] = total
+                nbytes = _nbytes(leaf)
+                total += -(-nbytes // _FIELD_ALIGN) * _FIELD_ALIGN
+        try:
+            slot, generation, offset = self._ring.acquire(total, self.timeout if timeout is None else timeout)
+        except ValueError:
+            if not self._warned_oversize:
+                self._warned_oversize = True
+                warnings.warn(
+                    f"SharedRing: a batch of {total} bytes is larger than the ring "
+                    f"({self.capacity} bytes); such batches take the ordinary path",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return map_tensors(batch, _materialize, _is_leaf)
+        try:
+            region = torch.frombuffer(self._mm, dtype=torch.uint8, count=max(total, 1),
+                                      offset=offset)  # fmt: skip
+
+            def place(leaf: Any) -> _Spec:
+                start, nbytes = layout[id(leaf)], _nbytes(leaf)
+                view = region[start : start + nbytes].view(leaf.dtype)
+                if isinstance(leaf, Concat):
+                    leaf.into(view)
+                    shape: tuple[int, ...] = (leaf.numel,)
+                else:
+                    shape = tuple(leaf.shape)
+                    view.view(shape).copy_(leaf)
+                return _Spec(start, nbytes, leaf.dtype, shape)
+
+            tree = map_tensors(batch, place, _is_leaf)
+        except BaseException:
+            self._ring.abandon(slot, generation)
+            raise
+        return RingHandle(slot, generation, total, tree)
+
+    # --- the main side -------------------------------------------------------------------------
+    def unpack(self, handle: RingHandle) -> Any:
+        """The batch of a handle, as tensors viewing the region (which is released when they are
+        all freed)."""
+        region = self._ring.view(handle.slot, handle.generation, handle.nbytes)
+
+        def view(spec: _Spec) -> Tensor:
+            return region[spec.offset : spec.offset + spec.nbytes].view(spec.dtype).view(spec.shape)
+
+        return map_tensors(handle.tree, view, lambda x: isinstance(x, _Spec))
+
+    def close(self) -> None:
+        """Unregisters the page-locked memory (the mapping goes with the last reference)."""
+        self._ring.unregister_pinned()
+
+    def __del__(self) -> None:
+        try:
+            if os.getpid() == self._owner:
+                self._ring.unregister_pinned()
+                os.close(self._fd)
+        except Exception:
+            pass
+
+
+def _attach(owner: int, fd: int, size: int, timeout: float) -> SharedRing:
+    return SharedRing._attached(owner, fd, size, timeout)
+
+
+def _nbytes(leaf: Any) -> int:
+    if isinstance(leaf, Concat):
+        return leaf.numel * leaf.parts[0].element_size()
+    return leaf.numel() * leaf.element_size()
+
+
+def _materialize(leaf: Any) -> Tensor:
+    return leaf.materialize() if isinstance(leaf, Concat) else leaf
+
+
+def in_worker() -> bool:
+    return get_worker_info() is not None
+
+
+class ZeroCopyLoader(DataLoader):
+    """A DataLoader whose workers collate straight into a :class:`SharedRing`.
+
+    ``collate_fn`` must be ring-aware (:class:`~torchfeed.PadCollate`,
+    :class:`~torchfeed.ImageCollate`, or any callable with a ``ring`` attribute that returns
+    ``ring.pack(...)`` in workers). The batches you get are identical to the ordinary path's;
+    with ``num_workers=0`` there is nothing to share and it is an ordinary DataLoader.
+    ``ring_capacity`` (bytes) defaults to enough for every batch the workers can have in
+    flight, measured on a first batch collated in this process.
+    """
+
+    def __init__(self, dataset, *, collate_fn: Callable, ring_capacity: int | None = None,
+                 ring_timeout: float = 30.0, **kwargs: Any) -> None:  # fmt: skip
+        if not hasattr(collate_fn, "ring"):
+            raise TypeError(
+                "zero_copy needs a ring-aware collate_fn (torchfeed.PadCollate, "
+                f"torchfeed.ImageCollate, or one with a `ring` attribute), got {collate_fn!r}"
+            )
+        super().__init__(dataset, collate_fn=collate_fn, **kwargs)
+        self.shared_ring: SharedRing | None = None
+        self._ring_capacity = ring_capacity
+        self._ring_timeout = ring_timeout
+
+    def _make_ring(self) -> None:
+        capacity = self._ring_capacity
+        if capacity is None:
+            first = [self.dataset[i] for i in range(min(self.batch_size or 1, len(self.dataset)))]
+            nbytes = sum(t.numel() * t.element_size() for t in tensors_of(self.collate_fn(first)))
+            in_flight = self.num_workers * (self.prefetch_factor or 2) + 4
+            capacity = int(nbytes * 1.5 + 4096) * in_flight
+        self.shared_ring = SharedRing(capacity, timeout=self._ring_timeout)
+        self.collate_fn.ring = self.shared_ring
+
+    def __iter__(self):
+        if self.num_workers == 0:
+            return super().__iter__()
+        if self.shared_ring is None:
+            self._make_ring()  # before the workers start: they map it when they do
+        ring = self.shared_ring
+        ring.reclaim_dead()  # regions of workers lost in an earlier epoch
+        return _Unpacking(super().__iter__(), ring)
+
+
+class _Unpacking:
+    def __init__(self, it, ring: SharedRing) -> None:
+        self._it, self._ring = it, ring
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self._it)
+        return self._ring.unpack(batch) if isinstance(batch, RingHandle) else batch
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+
+def loader(dataset, *, zero_copy: bool = False, **kwargs: Any) -> DataLoader:
+    """A DataLoader; with ``zero_copy=True`` its workers collate straight into a shared,
+    page-locked ring (:class:`ZeroCopyLoader`)."""
+    if zero_copy:
+        return ZeroCopyLoader(dataset, **kwargs)
+    collate_fn = kwargs.get("collate_fn")
+    if collate_fn is not None and getattr(collate_fn, "ring", None) is not None:
+        collate_fn.ring = None
+    return DataLoader(dataset, **kwargs)

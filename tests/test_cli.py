@@ -1,0 +1,117 @@
+"""The torchfeed command end to end: bench in quick mode (table, JSON, PNG), --data with a
+corrupt file, bad options, doctor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.io import encode_jpeg
+
+from torchfeed.bench.dataset import list_image_folder, synthetic_image
+
+QUICK = ["--quick", "--images", "40", "--batch-size", "16", "--workers", "1",
+         "--text-samples", "64", "--no-progress"]  # fmt: skip
+
+
+def run_cli(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
+    env = None
+    if cache is not None:
+        import os
+
+        env = dict(os.environ, TORCHFEED_CACHE=str(cache))
+    return subprocess.run([sys.executable, "-m", "torchfeed", *args], capture_output=True,
+                          text=True, timeout=600, env=env)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    result = run_cli("bench", *QUICK, "--json", str(tmp / "out.json"), "--plot",
+                     str(tmp / "chart.png"), cache=tmp / "cache")  # fmt: skip
+    return result, tmp
+
+
+def test_bench_quick_prints_the_table(quick_run):
+    result, tmp = quick_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    for text in ("images: baseline (torchvision per image)", "images: torchfeed", "text: torchfeed PadCollate",
+                 "samples/s", "speedup", "first epoch s", "where the time goes", "read + decode",
+                 "collate + worker -> main transfer", "pipelines agree", "machine:"):  # fmt: skip
+        assert text in out, text
+    # the built-in dataset was made in the cache: 40 JPEGs, ImageFolder layout
+    files, labels = list_image_folder(tmp / "cache" / "images-v1")
+    assert len(files) == 40 and len(set(labels)) == 10
+
+
+def test_bench_json_schema(quick_run):
+    result, tmp = quick_run
+    payload = json.loads((tmp / "out.json").read_text())
+    assert set(payload) >= {"machine", "settings", "results", "stages", "agreement"}
+    assert payload["settings"]["quick"] is True and payload["settings"]["workers"] == [1]
+    for row in payload["results"]:
+        assert {"pipeline", "config", "samples_per_s", "speedup", "epoch_s", "first_epoch_s"} <= set(row)
+        assert row["samples_per_s"] > 0
+    baselines = [r for r in payload["results"] if r["speedup"] == 1.0]
+    assert len(baselines) >= 2  # one per suite
+    assert payload["agreement"]["max_abs_diff"] <= payload["agreement"]["bound"]
+    assert {"cpu", "torch", "torchfeed"} <= set(payload["machine"])
+
+
+def test_bench_plot(quick_run):
+    pytest.importorskip("matplotlib")
+    _, tmp = quick_run
+    data = (tmp / "chart.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+
+
+def test_bench_on_a_folder_with_a_corrupt_file(tmp_path):
+    root = tmp_path / "photos"
+    for i in range(12):
+        folder = root / ("cats" if i % 2 else "dogs")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i}.jpg").write_bytes(encode_jpeg(synthetic_image(i)).numpy().tobytes())
+    (root / "cats" / "broken.jpg").write_bytes(b"not a jpeg at all")
+    result = run_cli("bench", "--data", str(root), "--suite", "images", "--quick", "--batch-size",
+                     "4", "--workers", "1", "--no-progress", "--json", str(tmp_path / "o.json"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "skipped 1 unreadable file(s)" in result.stdout and "broken.jpg" in result.stdout
+    payload = json.loads((tmp_path / "o.json").read_text())
+    assert [Path(p).name for p in payload["skipped_files"]] == ["broken.jpg"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--device", "tpu"], "--device: unknown device 'tpu'"),
+        (["--workers", "-1"], "--workers must be integers >= 0"),
+        (["--workers", "two"], "--workers must be a comma-separated list of integers"),
+        (["--data", "/no/such/folder"], "--data: /no/such/folder is not a directory"),
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--suite", "audio"], "--suite takes 'images', 'text' or both"),
+    ],
+)
+def test_bench_bad_options(args, message):
+    result = run_cli("bench", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_bench_cuda_without_gpu():
+    result = run_cli("bench", "--device", "cuda")
+    assert result.returncode == 2 and "no CUDA GPU is usable" in result.stderr
+
+
+def test_doctor():
+    result = run_cli("doctor", "--workers", "16", "--batch-mb", "1000000")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "torchfeed doctor" in out and "CPU kernels:" in out and "/dev/shm" in out
+    assert "leaves no CPU for the main process" in out  # 16 workers on this machine
+    assert "smaller than the batches in flight" in out  # 16 x 2 x 1 TB
