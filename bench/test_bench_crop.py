@@ -59,8 +59,9 @@ def torchvision_pipeline():
 def test_crop_torchfeed_reused_output(benchmark, role, images):
     benchmark.group = "crop 64 ragged -> 224 (CPU)"
     role("torchfeed")
-    t = RandomResizedCropFlipNormalize(224, mean=MEAN, std=STD,
-                                       generator=torch.Generator().manual_seed(0))  # fmt: skip
+    t = RandomResizedCropFlipNormalize(
+        224, mean=MEAN, std=STD, generator=torch.Generator().manual_seed(0)
+    )
     out = benchmark(t, images)
     assert out.shape == (BATCH, 3, 224, 224)
 
@@ -95,16 +96,24 @@ def test_crop_dali_cpu(benchmark, role, images):
 
     hwc = [im.permute(1, 2, 0).contiguous().numpy() for im in images]
 
-    @pipeline_def(batch_size=BATCH, num_threads=2, device_id=None, seed=0,
-                  prefetch_queue_depth=1)  # fmt: skip
+    @pipeline_def(batch_size=BATCH, num_threads=2, device_id=None, seed=0, prefetch_queue_depth=1)
     def pipe():
         x = fn.external_source(source=lambda: hwc, batch=True, layout="HWC")
-        x = fn.random_resized_crop(x, size=(224, 224), random_area=(0.08, 1.0),
-                                   random_aspect_ratio=(3 / 4, 4 / 3), antialias=True)  # fmt: skip
+        x = fn.random_resized_crop(
+            x,
+            size=(224, 224),
+            random_area=(0.08, 1.0),
+            random_aspect_ratio=(3 / 4, 4 / 3),
+            antialias=True,
+        )
         return fn.crop_mirror_normalize(
-            x, dtype=types.FLOAT, output_layout="CHW", mean=[m * 255 for m in MEAN],
-            std=[s * 255 for s in STD], mirror=fn.random.coin_flip(probability=0.5),
-        )  # fmt: skip
+            x,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mean=[m * 255 for m in MEAN],
+            std=[s * 255 for s in STD],
+            mirror=fn.random.coin_flip(probability=0.5),
+        )
 
     p = pipe()
     p.build()

@@ -91,9 +91,10 @@ PYBIND11_MODULE(_C, m) {
   using torchfeed::SharedRing;
   pybind11::class_<SharedRing, std::shared_ptr<SharedRing>>(m, "_SharedRing")
       .def_static("mapping_size", &SharedRing::mapping_size, pybind11::arg("capacity"))
-      .def_static("create", &SharedRing::create, pybind11::arg("base"), pybind11::arg("capacity"),
+      .def_static("create", &SharedRing::create, pybind11::arg("fd"), pybind11::arg("capacity"),
                   pybind11::arg("alignment"))
-      .def_static("attach", &SharedRing::attach, pybind11::arg("base"))
+      .def_static("attach", &SharedRing::attach, pybind11::arg("fd"))
+      .def("region", &SharedRing::region, pybind11::arg("offset"), pybind11::arg("nbytes"))
       .def("acquire", &SharedRing::acquire, pybind11::arg("nbytes"), pybind11::arg("timeout"),
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("abandon", &SharedRing::abandon, pybind11::arg("slot"), pybind11::arg("generation"))
@@ -104,6 +105,8 @@ PYBIND11_MODULE(_C, m) {
       .def("register_pinned", &SharedRing::register_pinned)
       .def("unregister_pinned", &SharedRing::unregister_pinned)
       .def("reclaim_dead", &SharedRing::reclaim_dead)
+      .def("reclaim_before", &SharedRing::reclaim_before, pybind11::arg("generation"))
+      .def("next_generation", &SharedRing::next_generation)
       .def("stats", &SharedRing::stats)
       .def_property_readonly("capacity", &SharedRing::capacity)
       .def_property_readonly("data_address", &SharedRing::data_address)

@@ -55,7 +55,14 @@ def test_bench_json_schema(quick_run):
     assert set(payload) >= {"machine", "settings", "results", "stages", "agreement"}
     assert payload["settings"]["quick"] is True and payload["settings"]["workers"] == [1]
     for row in payload["results"]:
-        assert {"pipeline", "config", "samples_per_s", "speedup", "epoch_s", "first_epoch_s"} <= set(row)
+        assert {
+            "pipeline",
+            "config",
+            "samples_per_s",
+            "speedup",
+            "epoch_s",
+            "first_epoch_s",
+        } <= set(row)
         assert row["samples_per_s"] > 0
     baselines = [r for r in payload["results"] if r["speedup"] == 1.0]
     assert len(baselines) >= 2  # one per suite
@@ -65,7 +72,7 @@ def test_bench_json_schema(quick_run):
 
 def test_bench_plot(quick_run):
     pytest.importorskip("matplotlib")
-    _, tmp = quick_run
+    _result, tmp = quick_run
     data = (tmp / "chart.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
 

@@ -1,6 +1,8 @@
 #include "memory/shared_ring.h"
 
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,11 +42,21 @@ int64_t SharedRing::mapping_size(int64_t capacity) {
   return align_up(static_cast<int64_t>(sizeof(SharedControl)), 4096) + capacity;
 }
 
-SharedRing::SharedRing(int64_t base)
-    : base_(base), control_(reinterpret_cast<SharedControl*>(base)) {}
+SharedRing::SharedRing(int64_t base, int64_t size)
+    : base_(base), size_(size), control_(reinterpret_cast<SharedControl*>(base)) {}
 
-std::shared_ptr<SharedRing> SharedRing::create(int64_t base, int64_t capacity,
-                                               int64_t alignment) {
+namespace {
+int64_t map_fd(int fd, int64_t size) {
+  void* p = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) {
+    throw std::runtime_error("SharedRing: mmap of " + std::to_string(size) + " bytes failed");
+  }
+  return reinterpret_cast<int64_t>(p);
+}
+}  // namespace
+
+std::shared_ptr<SharedRing> SharedRing::create(int fd, int64_t capacity, int64_t alignment) {
   if (capacity <= 0) {
     throw std::invalid_argument("SharedRing: capacity must be > 0 bytes, got " +
                                 std::to_string(capacity));
@@ -53,6 +65,13 @@ std::shared_ptr<SharedRing> SharedRing::create(int64_t base, int64_t capacity,
     throw std::invalid_argument("SharedRing: alignment must be a power of two in [1, 4096], got " +
                                 std::to_string(alignment));
   }
+  const int64_t size = mapping_size(capacity);
+  if (ftruncate(fd, size) != 0) {
+    throw std::runtime_error("SharedRing: cannot size the shared memory to " +
+                             std::to_string(size) + " bytes");
+  }
+  const int64_t base = map_fd(fd, size);
+  auto ring = std::shared_ptr<SharedRing>(new SharedRing(base, size));
   auto* c = reinterpret_cast<SharedControl*>(base);
   c->magic = 0;
   c->capacity = capacity;
@@ -75,15 +94,20 @@ std::shared_ptr<SharedRing> SharedRing::create(int64_t base, int64_t capacity,
   c->allocations = c->waits = c->reclaimed = c->high_water = 0;
   for (SharedSlot& s : c->slots) s = SharedSlot{kFree, 0, 0, 0, 0};
   __atomic_store_n(&c->magic, kMagic, __ATOMIC_RELEASE);
-  return std::shared_ptr<SharedRing>(new SharedRing(base));
+  return ring;
 }
 
-std::shared_ptr<SharedRing> SharedRing::attach(int64_t base) {
-  auto* c = reinterpret_cast<SharedControl*>(base);
-  if (__atomic_load_n(&c->magic, __ATOMIC_ACQUIRE) != kMagic) {
+std::shared_ptr<SharedRing> SharedRing::attach(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(SharedControl))) {
+    throw std::runtime_error("SharedRing: the shared memory is missing or too small");
+  }
+  const int64_t base = map_fd(fd, static_cast<int64_t>(st.st_size));
+  auto ring = std::shared_ptr<SharedRing>(new SharedRing(base, static_cast<int64_t>(st.st_size)));
+  if (__atomic_load_n(&ring->control_->magic, __ATOMIC_ACQUIRE) != kMagic) {
     throw std::runtime_error("SharedRing: the mapping holds no initialized ring");
   }
-  return std::shared_ptr<SharedRing>(new SharedRing(base));
+  return ring;
 }
 
 SharedRing::~SharedRing() {
@@ -91,6 +115,16 @@ SharedRing::~SharedRing() {
 #ifdef TORCHFEED_WITH_CUDA
   for (void* e : event_pool_) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
 #endif
+  munmap(reinterpret_cast<void*>(base_), static_cast<size_t>(size_));
+}
+
+at::Tensor SharedRing::region(int64_t offset, int64_t nbytes) {
+  if (offset < 0 || nbytes < 0 || offset + nbytes > size_) {
+    throw std::invalid_argument("SharedRing.region: out of the mapping");
+  }
+  std::shared_ptr<SharedRing> keep = shared_from_this();
+  return at::from_blob(reinterpret_cast<void*>(base_ + offset), {nbytes},
+                       [keep](void*) {}, at::TensorOptions().dtype(at::kByte).device(at::kCPU));
 }
 
 void SharedRing::lock() {
@@ -378,6 +412,28 @@ int64_t SharedRing::reclaim_dead() {
   if (freed) pthread_cond_broadcast(&control_->released);
   unlock();
   return freed;
+}
+
+int64_t SharedRing::reclaim_before(int64_t generation) {
+  lock();
+  int64_t freed = 0;
+  for (SharedSlot& s : control_->slots) {
+    if (s.state == kWorker && s.generation < generation) {
+      s.state = kFree;
+      ++freed;
+    }
+  }
+  control_->reclaimed += freed;
+  if (freed) pthread_cond_broadcast(&control_->released);
+  unlock();
+  return freed;
+}
+
+int64_t SharedRing::next_generation() {
+  lock();
+  const int64_t g = control_->next_generation;
+  unlock();
+  return g;
 }
 
 std::map<std::string, int64_t> SharedRing::stats() {

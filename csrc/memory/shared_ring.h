@@ -48,11 +48,15 @@ class SharedRing : public std::enable_shared_from_this<SharedRing> {
  public:
   // The mapping's size for a data area of `capacity` bytes.
   static int64_t mapping_size(int64_t capacity);
-  // Main process: initializes the control block in a fresh mapping (`base` of mapping_size).
-  static std::shared_ptr<SharedRing> create(int64_t base, int64_t capacity, int64_t alignment);
-  // Any process: attaches to a mapping `create` initialized.
-  static std::shared_ptr<SharedRing> attach(int64_t base);
+  // Main process: sizes the memfd `fd`, maps it and initializes the control block.
+  static std::shared_ptr<SharedRing> create(int fd, int64_t capacity, int64_t alignment);
+  // Any process: maps a memfd that `create` initialized. The mapping lives as long as this
+  // object, which every tensor viewing it keeps alive.
+  static std::shared_ptr<SharedRing> attach(int fd);
   ~SharedRing();
+
+  // Worker: a uint8 tensor over [offset, offset + nbytes) of the mapping (no release).
+  at::Tensor region(int64_t offset, int64_t nbytes);
 
   // Worker: a region of nbytes; (slot, generation, offset from the mapping base). Waits up to
   // timeout_s (reclaiming regions of dead workers), then throws RingTimeoutError.
@@ -69,6 +73,11 @@ class SharedRing : public std::enable_shared_from_this<SharedRing> {
   void unregister_pinned();
   // Main: frees regions whose owner process is gone; returns how many.
   int64_t reclaim_dead();
+  // Main: frees regions still with workers (written or in transit) that were acquired before
+  // `generation` (e.g. batches of an epoch the DataLoader discarded); returns how many.
+  int64_t reclaim_before(int64_t generation);
+  // The generation the next acquired region will get.
+  int64_t next_generation();
 
   int64_t capacity() const { return control_->capacity; }
   int64_t data_address() const { return base_ + control_->data_offset; }
@@ -77,13 +86,14 @@ class SharedRing : public std::enable_shared_from_this<SharedRing> {
   std::map<std::string, int64_t> stats();
 
  private:
-  explicit SharedRing(int64_t base);
+  SharedRing(int64_t base, int64_t size);
   void lock();
   void unlock() { pthread_mutex_unlock(&control_->mu); }
   void release_if_done(int64_t slot, int64_t generation);
   void poll_fences();
 
   int64_t base_;
+  int64_t size_;
   SharedControl* control_;
   bool pinned_ = false;
   // main-process side: host views alive and copy events per slot

@@ -16,6 +16,7 @@ from torchfeed.padding import Padded, pad, pad_packed  # noqa: E402
 from torchfeed.prefetch import DevicePrefetcher  # noqa: E402
 from torchfeed.ragged import RaggedBatch  # noqa: E402
 from torchfeed.ring import PinnedRing  # noqa: E402
+from torchfeed.shared import SharedRing, ZeroCopyLoader, loader  # noqa: E402
 from torchfeed.transforms import (  # noqa: E402
     crop_flip_normalize,
     resize_center_crop_normalize,
@@ -31,9 +32,12 @@ __all__ = [
     "PinnedRing",
     "RaggedBatch",
     "RaggedImages",
+    "SharedRing",
+    "ZeroCopyLoader",
     "__version__",
     "build_info",
     "crop_flip_normalize",
+    "loader",
     "pad",
     "pad_packed",
     "resize_center_crop_normalize",

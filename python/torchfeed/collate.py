@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import default_collate
+from torch.utils.data import default_collate, get_worker_info
 
+from torchfeed.images import private_collate
 from torchfeed.padding import (
     PadValue,
     Side,
@@ -58,7 +59,9 @@ class PadCollate:
         max_length: int | None = None,
         truncation_side: Side | None = None,
         packed: bool = False,
+        ring: Any = None,
     ) -> None:
+        self.ring = ring  # a torchfeed.shared.SharedRing: workers collate into it (zero copy)
         if ragged is None:
             self.ragged: dict[Key, PadValue] = {}
         elif isinstance(ragged, Mapping):
@@ -130,6 +133,17 @@ class PadCollate:
 
     # --- collation ----------------------------------------------------------------------------
     def __call__(self, batch: Sequence[Any]) -> Any:
+        if self.ring is not None and get_worker_info() is not None:
+            self._private = True  # fixed fields in private memory: the ring replaces shm
+            try:
+                return self.ring.pack(self._collate(batch))
+            finally:
+                self._private = False
+        return self._collate(batch)
+
+    _private = False
+
+    def _collate(self, batch: Sequence[Any]) -> Any:
         if not isinstance(batch, Sequence) or isinstance(batch, str | bytes):
             raise TypeError(
                 f"PadCollate: batch must be a list of samples, got {type(batch).__name__}"
@@ -177,7 +191,7 @@ class PadCollate:
         for key in keys:
             values = [sample[key] for sample in batch]
             if key not in self.ragged:
-                out[key] = self._fixed_field(key, values)
+                out[key] = self._fixed_field(key, values, self._private)
                 continue
             result = self._ragged_field(key, values, self.ragged[key])
             if self.packed:
@@ -216,7 +230,7 @@ class PadCollate:
             if j in self.ragged:
                 fields.append(self._ragged_field(j, values, self.ragged[j]))
             else:
-                fields.append(self._fixed_field(j, values))
+                fields.append(self._fixed_field(j, values, self._private))
         sample = batch[0]
         if isinstance(sample, tuple) and hasattr(sample, "_fields"):  # namedtuple
             return type(sample)(*fields)
@@ -251,7 +265,7 @@ class PadCollate:
         )
 
     @staticmethod
-    def _fixed_field(key: Key, values: list) -> Any:
+    def _fixed_field(key: Key, values: list, private: bool = False) -> Any:
         first = values[0]
         if isinstance(first, Tensor | np.ndarray):
             tensors = []
@@ -275,10 +289,10 @@ class PadCollate:
                     )
                 tensors.append(t)
             # default_collate stacks straight into shared memory inside a worker process.
-            return default_collate(tensors)
+            return torch.stack(tensors) if private else default_collate(tensors)
         if isinstance(first, bool | int | float | np.number | np.bool_):
             if all(isinstance(v, bool | int | float | np.number | np.bool_) for v in values):
-                return default_collate(values)
+                return private_collate(values) if private else default_collate(values)
             return list(values)
         if isinstance(first, Mapping | tuple | list) and not isinstance(first, str):
             return default_collate(values)

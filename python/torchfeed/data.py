@@ -228,8 +228,12 @@ class SkipCorrupt(Dataset):
         byte, bit = divmod(i, 8)
         if not int(self._failed[byte]) >> bit & 1:
             self._failed[byte] |= 1 << bit
-            log.warning("SkipCorrupt: sample %d failed (%s: %s); using another", i,
-                        type(error).__name__, error)  # fmt: skip
+            log.warning(
+                "SkipCorrupt: sample %d failed (%s: %s); using another",
+                i,
+                type(error).__name__,
+                error,
+            )
         if self.on_error is not None:
             self.on_error(i, error)
 

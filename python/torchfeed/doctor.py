@@ -21,12 +21,18 @@ def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
 
     info = torchfeed.build_info()
     lines = ["torchfeed doctor", ""]
-    lines.append(f"torchfeed {info['version']}, built against torch {info['torch_version']} "
-                 f"(running {info['torch_version_now']})")  # fmt: skip
     lines.append(
-        "CUDA kernels: " + (f"compiled for sm {', '.join(info['cuda_archs'])} (CUDA "
-                            f"{info['cuda_version']})" if info["cuda_compiled"] else "not compiled")
-    )  # fmt: skip
+        f"torchfeed {info['version']}, built against torch {info['torch_version']} "
+        f"(running {info['torch_version_now']})"
+    )
+    lines.append(
+        "CUDA kernels: "
+        + (
+            f"compiled for sm {', '.join(info['cuda_archs'])} (CUDA {info['cuda_version']})"
+            if info["cuda_compiled"]
+            else "not compiled"
+        )
+    )
     lines.append(f"CPU kernels: {torchfeed._C.cpu_isa()} instruction set")
     advice = []
     if info["gpu_available"]:
@@ -39,13 +45,16 @@ def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
             lines.append(f"pinned memory: NOT available ({e})")
             advice.append("page-locked memory failed: check `ulimit -l` and the driver")
         if not info["cuda_compiled"]:
-            advice.append("a GPU is present but this build has no CUDA kernels: rebuild with "
-                          "TORCHFEED_CUDA=ON and nvcc on PATH")  # fmt: skip
+            advice.append(
+                "a GPU is present but this build has no CUDA kernels: rebuild with "
+                "TORCHFEED_CUDA=ON and nvcc on PATH"
+            )
     else:
         lines.append("GPU: none usable (kernels run on the CPU; pinned memory is not available)")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    lines.append(f"CPUs usable by this process: {cpus}; torch intra-op threads: "
-                 f"{torch.get_num_threads()}")  # fmt: skip
+    lines.append(
+        f"CPUs usable by this process: {cpus}; torch intra-op threads: {torch.get_num_threads()}"
+    )
     if cpus is not None and workers >= cpus:
         advice.append(
             f"num_workers={workers} leaves no CPU for the main process ({cpus} usable): with "
@@ -59,13 +68,17 @@ def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
         advice.append("no /dev/shm: DataLoader workers cannot share batches; use num_workers=0")
     else:
         total, free = shm
-        lines.append(f"/dev/shm: {total / 1e9:.1f} GB, {free / 1e9:.1f} GB free; the loader "
-                     f"needs about {need / 1e9:.2f} GB ({workers} workers x prefetch_factor "
-                     f"{prefetch_factor} x {batch_mb:g} MB)")  # fmt: skip
+        lines.append(
+            f"/dev/shm: {total / 1e9:.1f} GB, {free / 1e9:.1f} GB free; the loader "
+            f"needs about {need / 1e9:.2f} GB ({workers} workers x prefetch_factor "
+            f"{prefetch_factor} x {batch_mb:g} MB)"
+        )
         if need > free:
-            advice.append("/dev/shm is smaller than the batches in flight: workers will fail "
-                          "with 'bus error'; enlarge it (docker: --shm-size) or lower "
-                          "num_workers / prefetch_factor / batch size")  # fmt: skip
+            advice.append(
+                "/dev/shm is smaller than the batches in flight: workers will fail "
+                "with 'bus error'; enlarge it (docker: --shm-size) or lower "
+                "num_workers / prefetch_factor / batch size"
+            )
     lines.append("")
     lines += ["advice:"] + [f"- {a}" for a in advice] if advice else ["advice: none, all good"]
     return "\n".join(lines)

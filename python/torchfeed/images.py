@@ -224,8 +224,6 @@ def private_collate(values: list) -> Any:
     first = values[0]
     if isinstance(first, Tensor):
         return torch.stack(values)
-    if isinstance(first, bool | int | float) and all(
-        type(v) is type(first) for v in values
-    ):
+    if isinstance(first, bool | int | float) and all(type(v) is type(first) for v in values):
         return torch.tensor(values, dtype=torch.float64 if isinstance(first, float) else None)
     return default_collate(values)

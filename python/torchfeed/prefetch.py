@@ -92,6 +92,20 @@ class DevicePrefetcher:
             if self.transform is not None:
                 batch = self.transform(batch)
             return batch, None
+        shared = getattr(self.loader, "shared_ring", None)
+        if shared is not None and shared.pinned:
+            # Zero copy: the workers wrote the batch into page-locked shared memory. Copy it as it
+            # is and fence its region; staging it again would only add a copy.
+            with torch.cuda.stream(self.stream):
+                on_device = map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
+                for t in tensors_of(batch):
+                    if shared.contains(t):
+                        shared.record(t, self.stream)
+                if self.transform is not None:
+                    on_device = self.transform(on_device)
+                ready = torch.cuda.Event()
+                ready.record(self.stream)
+            return on_device, ready
         ring = self._ring_for(batch)
         with torch.cuda.stream(self.stream):
             staged = None

@@ -100,8 +100,16 @@ def crop_flip_normalize_torchvision(
     out = []
     for image, (top, left, height, width), flip in zip(images, boxes, flips, strict=True):
         x = image.float() if float_path else image
-        x = TF.resized_crop(x, int(top), int(left), int(height), int(width), list(size),
-                            interpolation=mode, antialias=antialias)  # fmt: skip
+        x = TF.resized_crop(
+            x,
+            int(top),
+            int(left),
+            int(height),
+            int(width),
+            list(size),
+            interpolation=mode,
+            antialias=antialias,
+        )
         if flip:
             x = TF.horizontal_flip(x)
         x = x / 255.0 if float_path else TF.to_dtype(x, torch.float32, scale=True)

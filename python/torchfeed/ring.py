@@ -14,8 +14,11 @@ from torchfeed.ragged import RaggedBatch
 _FIELD_ALIGN = 64  # each tensor of a staged batch starts on a cache line
 
 
-def map_tensors(obj: Any, fn: Callable[[Any], Any],
-                is_leaf: Callable[[Any], bool] = lambda x: isinstance(x, Tensor)) -> Any:  # fmt: skip
+def map_tensors(
+    obj: Any,
+    fn: Callable[[Any], Any],
+    is_leaf: Callable[[Any], bool] = lambda x: isinstance(x, Tensor),
+) -> Any:
     """Applies ``fn`` to every leaf (tensor) of a nested batch (dicts, lists, tuples,
     namedtuples, RaggedBatch, RaggedImages, Padded), rebuilding the same structure."""
     if is_leaf(obj):

@@ -9,8 +9,6 @@ mapped in every process and is already registered with the CUDA runtime.
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
 import warnings
 from collections.abc import Callable
@@ -77,8 +75,14 @@ class SharedRing:
     GPU. Regions of a worker that died are reclaimed (``reclaim_dead``; also on demand when the
     ring is full). Linux only (memfd)."""
 
-    def __init__(self, capacity: int, *, alignment: int = 256, timeout: float = 30.0,
-                 pinned: bool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        alignment: int = 256,
+        timeout: float = 30.0,
+        pinned: bool | None = None,
+    ) -> None:
         from torchfeed import _C
 
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
@@ -88,44 +92,34 @@ class SharedRing:
         if not hasattr(os, "memfd_create"):
             raise OSError("SharedRing needs Linux (os.memfd_create)")
         self.timeout = float(timeout)
-        self._size = _C._SharedRing.mapping_size(capacity)
         self._owner = os.getpid()
+        # the C++ object maps the memfd and unmaps it when the last tensor viewing it is gone
         self._fd = os.memfd_create("torchfeed-shared-ring", os.MFD_CLOEXEC)
-        os.ftruncate(self._fd, self._size)
-        self._map(self._fd)
-        self._ring = _C._SharedRing.create(self._base, capacity, alignment)
+        self._ring = _C._SharedRing.create(self._fd, capacity, alignment)
         if pinned is not False:
             registered = self._ring.register_pinned()
             if pinned and not registered:
                 raise ValueError("SharedRing: pinned=True needs a usable CUDA GPU")
         self._warned_oversize = False
 
-    def _map(self, fd: int) -> None:
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in now
-        self._mm = mmap.mmap(fd, self._size, flags=flags)
-        self._anchor = ctypes.c_char.from_buffer(self._mm)  # pins the mapping while we use it
-        self._base = ctypes.addressof(self._anchor)
-
     # --- crossing into a spawned worker ---------------------------------------------------------
     def __reduce__(self):
-        return (_attach, (self._owner, self._fd, self._size, self.timeout))
+        return (_attach, (self._owner, self._fd, self.timeout))
 
     @classmethod
-    def _attached(cls, owner: int, fd: int, size: int, timeout: float) -> SharedRing:
+    def _attached(cls, owner: int, fd: int, timeout: float) -> SharedRing:
         from torchfeed import _C
 
         self = object.__new__(cls)
         self.timeout = timeout
-        self._size = size
         self._owner = owner
+        self._fd = fd
         # the owner's memfd, by its /proc path: works for spawned children, with no name to leak
         local = os.open(f"/proc/{owner}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
         try:
-            self._map(local)
+            self._ring = _C._SharedRing.attach(local)
         finally:
-            os.close(local)
-        self._fd = fd
-        self._ring = _C._SharedRing.attach(self._base)
+            os.close(local)  # the mapping stays
         self._warned_oversize = False
         return self
 
@@ -171,7 +165,9 @@ class SharedRing:
                 nbytes = _nbytes(leaf)
                 total += -(-nbytes // _FIELD_ALIGN) * _FIELD_ALIGN
         try:
-            slot, generation, offset = self._ring.acquire(total, self.timeout if timeout is None else timeout)
+            slot, generation, offset = self._ring.acquire(
+                total, self.timeout if timeout is None else timeout
+            )
         except ValueError:
             if not self._warned_oversize:
                 self._warned_oversize = True
@@ -183,8 +179,7 @@ class SharedRing:
                 )
             return map_tensors(batch, _materialize, _is_leaf)
         try:
-            region = torch.frombuffer(self._mm, dtype=torch.uint8, count=max(total, 1),
-                                      offset=offset)  # fmt: skip
+            region = self._ring.region(offset, total)
 
             def place(leaf: Any) -> _Spec:
                 start, nbytes = layout[id(leaf)], _nbytes(leaf)
@@ -214,21 +209,15 @@ class SharedRing:
 
         return map_tensors(handle.tree, view, lambda x: isinstance(x, _Spec))
 
-    def close(self) -> None:
-        """Unregisters the page-locked memory (the mapping goes with the last reference)."""
-        self._ring.unregister_pinned()
-
     def __del__(self) -> None:
-        try:
-            if os.getpid() == self._owner:
-                self._ring.unregister_pinned()
-                os.close(self._fd)
-        except Exception:
-            pass
+        # The memory itself (unregistered, then unmapped) goes with the last tensor viewing it.
+        if getattr(self, "_owner", None) == os.getpid() and getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
-def _attach(owner: int, fd: int, size: int, timeout: float) -> SharedRing:
-    return SharedRing._attached(owner, fd, size, timeout)
+def _attach(owner: int, fd: int, timeout: float) -> SharedRing:
+    return SharedRing._attached(owner, fd, timeout)
 
 
 def _nbytes(leaf: Any) -> int:
@@ -256,8 +245,15 @@ class ZeroCopyLoader(DataLoader):
     flight, measured on a first batch collated in this process.
     """
 
-    def __init__(self, dataset, *, collate_fn: Callable, ring_capacity: int | None = None,
-                 ring_timeout: float = 30.0, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dataset,
+        *,
+        collate_fn: Callable,
+        ring_capacity: int | None = None,
+        ring_timeout: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
         if not hasattr(collate_fn, "ring"):
             raise TypeError(
                 "zero_copy needs a ring-aware collate_fn (torchfeed.PadCollate, "
@@ -285,7 +281,13 @@ class ZeroCopyLoader(DataLoader):
             self._make_ring()  # before the workers start: they map it when they do
         ring = self.shared_ring
         ring.reclaim_dead()  # regions of workers lost in an earlier epoch
-        return _Unpacking(super().__iter__(), ring)
+        start = ring._ring.next_generation()
+        it = super().__iter__()  # persistent workers: the previous epoch's leftovers are dropped
+        # Batches written for an earlier epoch and never handed out (discarded by the
+        # DataLoader's reset, or lost with a dead worker) can never be unpacked: free them.
+        # (One iterator per loader at a time, as with persistent workers.)
+        ring._ring.reclaim_before(start)
+        return _Unpacking(it, ring)
 
 
 class _Unpacking:

@@ -335,8 +335,9 @@ def crop_flip_normalize(
     boxes = _check_boxes(boxes, batch.sizes, batch.device)
     flips = _check_flips(flips, len(batch), batch.device)
     grid = grid_from_boxes(boxes, batch.sizes, out_size)
-    return _launch(batch, grid, flips, out_size, mode, antialias, mean_c, std_c, dtype,
-                   channels_last, out)  # fmt: skip
+    return _launch(
+        batch, grid, flips, out_size, mode, antialias, mean_c, std_c, dtype, channels_last, out
+    )
 
 
 def resize_center_crop_normalize(
@@ -363,8 +364,9 @@ def resize_center_crop_normalize(
     mean_c, std_c = _mean_std(mean, std, max(batch.channels, 1))
     grid = resize_center_crop_grid(batch.sizes, resize_arg, crop_size)
     flips = torch.zeros(len(batch), dtype=torch.bool)
-    return _launch(batch, grid, flips, crop_size, mode, antialias, mean_c, std_c, dtype,
-                   channels_last, out)  # fmt: skip
+    return _launch(
+        batch, grid, flips, crop_size, mode, antialias, mean_c, std_c, dtype, channels_last, out
+    )
 
 
 def _resize_arg(resize: int | Sequence[int]) -> int | list[int]:
@@ -375,8 +377,20 @@ def _resize_arg(resize: int | Sequence[int]) -> int | list[int]:
     return list(_size_pair(resize, "resize"))
 
 
-def _launch(batch, grid, flips, out_size, mode, antialias, mean, std, dtype, channels_last, out,
-            buffer: OutputBuffer | None = None) -> Tensor:  # fmt: skip
+def _launch(
+    batch,
+    grid,
+    flips,
+    out_size,
+    mode,
+    antialias,
+    mean,
+    std,
+    dtype,
+    channels_last,
+    out,
+    buffer: OutputBuffer | None = None,
+) -> Tensor:
     dtype = _out_dtype(dtype)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     shape = (len(batch), max(batch.channels, 1), *out_size)
@@ -529,8 +543,18 @@ class _BatchTransform(v2.Transform):
     """Shared by the batch transforms: splits the input into images and per-image targets, runs
     the fused kernel once for the batch, and applies each image's geometry to its targets."""
 
-    def __init__(self, *, mean, std, interpolation, antialias, dtype, channels_last, image_layout,
-                 return_params) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        mean,
+        std,
+        interpolation,
+        antialias,
+        dtype,
+        channels_last,
+        image_layout,
+        return_params,
+    ) -> None:
         super().__init__()
         self.mean = [float(v) for v in (mean if isinstance(mean, Sequence) else [mean])]
         self.std = [float(v) for v in (std if isinstance(std, Sequence) else [std])]
@@ -558,8 +582,20 @@ class _BatchTransform(v2.Transform):
         batch = _Batch(images, self.image_layout)
         grid, flips, params = self._geometry(batch)
         mean, std = _mean_std(self.mean, self.std, max(batch.channels, 1))
-        out = _launch(batch, grid, flips, self._out_size(), self._mode, self.antialias, mean,
-                      std, self.dtype, self.channels_last, None, self._buffer)  # fmt: skip
+        out = _launch(
+            batch,
+            grid,
+            flips,
+            self._out_size(),
+            self._mode,
+            self.antialias,
+            mean,
+            std,
+            self.dtype,
+            self.channels_last,
+            None,
+            self._buffer,
+        )
         if isinstance(images, tv_tensors.Image) or (
             isinstance(images, Sequence) and images and isinstance(images[0], tv_tensors.Image)
         ):
@@ -650,9 +686,16 @@ class RandomResizedCropFlipNormalize(_BatchTransform):
         image_layout: Layout = "CHW",
         return_params: bool = False,
     ) -> None:
-        super().__init__(mean=mean, std=std, interpolation=interpolation, antialias=antialias,
-                         dtype=dtype, channels_last=channels_last, image_layout=image_layout,
-                         return_params=return_params)  # fmt: skip
+        super().__init__(
+            mean=mean,
+            std=std,
+            interpolation=interpolation,
+            antialias=antialias,
+            dtype=dtype,
+            channels_last=channels_last,
+            image_layout=image_layout,
+            return_params=return_params,
+        )
         self.size = _size_pair(size)
         self.scale = _check_range("scale", scale, positive=False)
         self.ratio = _check_range("ratio", ratio, positive=True)
@@ -679,10 +722,18 @@ class RandomResizedCropFlipNormalize(_BatchTransform):
 
     def _transform_leaf(self, leaf: Any, b: int, params: dict) -> Any:
         top, left, height, width = params["boxes"][b].tolist()
-        out = TF.resized_crop(leaf, top, left, height, width, size=list(self.size),
-                              interpolation=InterpolationMode.NEAREST
-                              if isinstance(leaf, tv_tensors.Mask) else self.interpolation,
-                              antialias=self.antialias)  # fmt: skip
+        out = TF.resized_crop(
+            leaf,
+            top,
+            left,
+            height,
+            width,
+            size=list(self.size),
+            interpolation=InterpolationMode.NEAREST
+            if isinstance(leaf, tv_tensors.Mask)
+            else self.interpolation,
+            antialias=self.antialias,
+        )
         if bool(params["flips"][b]):
             out = TF.horizontal_flip(out)
         return out
@@ -708,9 +759,16 @@ class ResizeCenterCropNormalize(_BatchTransform):
         image_layout: Layout = "CHW",
         return_params: bool = False,
     ) -> None:
-        super().__init__(mean=mean, std=std, interpolation=interpolation, antialias=antialias,
-                         dtype=dtype, channels_last=channels_last, image_layout=image_layout,
-                         return_params=return_params)  # fmt: skip
+        super().__init__(
+            mean=mean,
+            std=std,
+            interpolation=interpolation,
+            antialias=antialias,
+            dtype=dtype,
+            channels_last=channels_last,
+            image_layout=image_layout,
+            return_params=return_params,
+        )
         self.resize = _resize_arg(resize)
         self.crop = _size_pair(crop, "crop")
 
@@ -723,10 +781,14 @@ class ResizeCenterCropNormalize(_BatchTransform):
         return grid, flips, {"grid": grid}
 
     def _transform_leaf(self, leaf: Any, b: int, params: dict) -> Any:
-        out = TF.resize(leaf, self.resize if isinstance(self.resize, list) else [self.resize],
-                        interpolation=InterpolationMode.NEAREST
-                        if isinstance(leaf, tv_tensors.Mask) else self.interpolation,
-                        antialias=self.antialias)  # fmt: skip
+        out = TF.resize(
+            leaf,
+            self.resize if isinstance(self.resize, list) else [self.resize],
+            interpolation=InterpolationMode.NEAREST
+            if isinstance(leaf, tv_tensors.Mask)
+            else self.interpolation,
+            antialias=self.antialias,
+        )
         return TF.center_crop(out, list(self.crop))
 
 
@@ -745,6 +807,7 @@ def _crop_flip_normalize_out_fake(images, grid, flips, interpolation, antialias,
 
 
 @torch.library.register_fake("torchfeed::crop_flip_normalize_list_out")
-def _crop_flip_normalize_list_out_fake(images, grid, flips, interpolation, antialias, mean, std,
-                                       out):  # fmt: skip
+def _crop_flip_normalize_list_out_fake(
+    images, grid, flips, interpolation, antialias, mean, std, out
+):
     return None

@@ -31,8 +31,9 @@ def synthetic_image(index: int, seed: int = 0) -> torch.Tensor:
     h, w = (int(v) for v in torch.randint(300, 601, (2,), generator=g))
     img = torch.zeros(1, 3, h, w)
     for octave, weight in ((4, 0.55), (16, 0.3), (48, 0.15)):
-        coarse = torch.rand(1, 3, max(2, h // (600 // octave)), max(2, w // (600 // octave)),
-                            generator=g)  # fmt: skip
+        coarse = torch.rand(
+            1, 3, max(2, h // (600 // octave)), max(2, w // (600 // octave)), generator=g
+        )
         img += weight * F.interpolate(coarse, size=(h, w), mode="bicubic", align_corners=False)
     ys = torch.linspace(0, 1, h).view(h, 1)
     xs = torch.linspace(0, 1, w).view(1, w)
@@ -85,9 +86,7 @@ def list_image_folder(root: Path, limit: int | None = None) -> tuple[list[Path],
     if limit is not None:
         files = files[:limit]
     if not files:
-        raise FileNotFoundError(
-            f"--data: no images ({', '.join(IMAGE_SUFFIXES)}) under {root}"
-        )
+        raise FileNotFoundError(f"--data: no images ({', '.join(IMAGE_SUFFIXES)}) under {root}")
     classes = sorted({p.parent.name for p in files})
     index = {c: i for i, c in enumerate(classes)}
     return files, [index[p.parent.name] for p in files]

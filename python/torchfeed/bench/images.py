@@ -45,25 +45,33 @@ GPU_DECODE = "images: torchfeed + GPU decode"
 
 
 def torchvision_transform() -> v2.Compose:
-    return v2.Compose([
-        v2.RandomResizedCrop(SIZE, antialias=True),
-        v2.RandomHorizontalFlip(),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(MEAN, STD),
-    ])  # fmt: skip
+    return v2.Compose(
+        [
+            v2.RandomResizedCrop(SIZE, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(MEAN, STD),
+        ]
+    )
 
 
 def fused_transform(seed: int = 0) -> RandomResizedCropFlipNormalize:
-    return RandomResizedCropFlipNormalize(SIZE, mean=MEAN, std=STD,
-                                          generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    return RandomResizedCropFlipNormalize(
+        SIZE, mean=MEAN, std=STD, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 class FileDataset(Dataset):
     """Reads image files; decodes them to uint8 [3, H, W] (``decode=False``: the encoded
     bytes); applies ``transform`` per image if given."""
 
-    def __init__(self, files: Sequence[Path], labels: Sequence[int],
-                 transform: Callable | None = None, decode: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        files: Sequence[Path],
+        labels: Sequence[int],
+        transform: Callable | None = None,
+        decode: bool = True,
+    ) -> None:
         self.files = [str(f) for f in files]
         self.labels = list(labels)
         self.transform = transform
@@ -90,8 +98,14 @@ def step(batch) -> int:
 
 
 def loader(dataset: Dataset, batch_size: int, workers: int, **kw) -> DataLoader:
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
-                      persistent_workers=workers > 0, **kw)  # fmt: skip
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        **kw,
+    )
 
 
 class SkippedLog:
@@ -110,8 +124,9 @@ class SkippedLog:
         return sorted({i for d in self.datasets for i in d.skipped_indices})
 
 
-def make_pipelines(files, labels, batch_size: int, workers: int, device: torch.device,
-                   skipped: SkippedLog):  # fmt: skip
+def make_pipelines(
+    files, labels, batch_size: int, workers: int, device: torch.device, skipped: SkippedLog
+):
     """name -> a function making the iterable of device batches; and the batches per epoch."""
     gpu = device.type == "cuda"
     n_batches = -(-len(files) // batch_size)
@@ -163,17 +178,27 @@ class _Moved:
             yield images.to(self.device, non_blocking=True), labels.to(self.device)
 
 
-def run(files, labels, *, batch_size: int, workers: Sequence[int], epochs: int,
-        device: torch.device, show_progress: bool,
-        skipped: SkippedLog | None = None) -> list[PipelineResult]:  # fmt: skip
+def run(
+    files,
+    labels,
+    *,
+    batch_size: int,
+    workers: Sequence[int],
+    epochs: int,
+    device: torch.device,
+    show_progress: bool,
+    skipped: SkippedLog | None = None,
+) -> list[PipelineResult]:
     skipped = SkippedLog() if skipped is None else skipped
     results = []
     for num_workers in workers:
-        pipelines, n_batches = make_pipelines(files, labels, batch_size, num_workers, device,
-                                              skipped)  # fmt: skip
+        pipelines, n_batches = make_pipelines(
+            files, labels, batch_size, num_workers, device, skipped
+        )
         for name, make in pipelines.items():
-            result = run_epochs(name, f"workers={num_workers}", make, step, epochs, n_batches,
-                                show_progress)  # fmt: skip
+            result = run_epochs(
+                name, f"workers={num_workers}", make, step, epochs, n_batches, show_progress
+            )
             results.append(result)
     return results
 
@@ -181,19 +206,34 @@ def run(files, labels, *, batch_size: int, workers: Sequence[int], epochs: int,
 # --- the pipelines check each other ---------------------------------------------------------------
 
 
+def decodable(files: Sequence[Path], count: int) -> list[tuple[Path, torch.Tensor, torch.Tensor]]:
+    """The first ``count`` files that decode: (path, encoded bytes, uint8 image)."""
+    out = []
+    for f in files:
+        encoded = read_file(str(f))
+        try:
+            out.append((f, encoded, decode_image(encoded, mode=ImageReadMode.RGB)))
+        except RuntimeError:
+            continue  # unreadable: the pipelines skip it too
+        if len(out) == count:
+            break
+    return out
+
+
 def check_agreement(files: Sequence[Path], count: int = 8) -> dict[str, float]:
     """The same images with the same drawn parameters through torchvision (uint8, the
     baseline's path) and through the fused kernel give the same tensors within 1 level/std, so a
     speedup can never come from doing less work."""
-    images = [decode_image(read_file(str(f)), mode=ImageReadMode.RGB) for f in files[:count]]
+    images = [image for _, _, image in decodable(files, count)]
     g = torch.Generator().manual_seed(0)
     boxes = sample_resized_crop_params([tuple(i.shape[1:]) for i in images], generator=g)
     flips = sample_flips(len(images), 0.5, g)
     ours = crop_flip_normalize(images, boxes, flips, SIZE, mean=MEAN, std=STD)
     from torchfeed.reference import crop_flip_normalize_torchvision
 
-    theirs = crop_flip_normalize_torchvision(images, boxes.tolist(), flips.tolist(), (SIZE, SIZE),
-                                             MEAN, STD, float_path=False)  # fmt: skip
+    theirs = crop_flip_normalize_torchvision(
+        images, boxes.tolist(), flips.tolist(), (SIZE, SIZE), MEAN, STD, float_path=False
+    )
     diff = float((ours - theirs).abs().max())
     bound = 1.01 / 255 / min(STD) + 1e-4
     if diff > bound:
@@ -230,8 +270,13 @@ class _Samples(Dataset):
 
 
 def _collate_transfer_ms(samples, collate, batch_size: int, repeat: int) -> float:
-    dl = DataLoader(_Samples(samples), batch_size=batch_size, num_workers=1, collate_fn=collate,
-                    prefetch_factor=1)  # fmt: skip
+    dl = DataLoader(
+        _Samples(samples),
+        batch_size=batch_size,
+        num_workers=1,
+        collate_fn=collate,
+        prefetch_factor=1,
+    )
     it = iter(dl)
     next(it)
     times = []
@@ -244,13 +289,14 @@ def _collate_transfer_ms(samples, collate, batch_size: int, repeat: int) -> floa
     return statistics.median(times) * 1e3
 
 
-def stage_breakdown(files: Sequence[Path], batch_size: int, device: torch.device,
-                    repeat: int = 5) -> list[dict[str, Any]]:  # fmt: skip
+def stage_breakdown(
+    files: Sequence[Path], batch_size: int, device: torch.device, repeat: int = 5
+) -> list[dict[str, Any]]:
     """Milliseconds per batch for each stage, measured one at a time in this process (the
     transfer through a real 1-worker DataLoader): what bounds each pipeline."""
-    files = list(files[:batch_size])
-    encoded = [read_file(str(f)) for f in files]
-    decoded = [decode_image(e, mode=ImageReadMode.RGB) for e in encoded]
+    readable = decodable(files, batch_size)
+    files = [f for f, _, _ in readable]
+    decoded = [image for _, _, image in readable]
     tv = torchvision_transform()
     fused = fused_transform()
     transformed = [tv(i) for i in decoded]
@@ -260,13 +306,26 @@ def stage_breakdown(files: Sequence[Path], batch_size: int, device: torch.device
         lambda: [decode_image(read_file(str(f)), mode=ImageReadMode.RGB) for f in files], repeat
     )
     rows = [
-        {"stage": "read + decode (workers)", "baseline_ms": read_decode, "torchfeed_ms": read_decode},
-        {"stage": "transform (baseline: workers)", "baseline_ms": _median_ms(lambda: [tv(i) for i in decoded], repeat),
-         "torchfeed_ms": _median_ms(lambda: fused(ragged), repeat)},
-        {"stage": "collate + worker -> main transfer",
-         "baseline_ms": _collate_transfer_ms([(t, 0) for t in transformed], None, len(files), repeat),
-         "torchfeed_ms": _collate_transfer_ms([(d, 0) for d in decoded], ImageCollate(0), len(files), repeat)},
-    ]  # fmt: skip
+        {
+            "stage": "read + decode (workers)",
+            "baseline_ms": read_decode,
+            "torchfeed_ms": read_decode,
+        },
+        {
+            "stage": "transform (baseline: workers)",
+            "baseline_ms": _median_ms(lambda: [tv(i) for i in decoded], repeat),
+            "torchfeed_ms": _median_ms(lambda: fused(ragged), repeat),
+        },
+        {
+            "stage": "collate + worker -> main transfer",
+            "baseline_ms": _collate_transfer_ms(
+                [(t, 0) for t in transformed], None, len(files), repeat
+            ),
+            "torchfeed_ms": _collate_transfer_ms(
+                [(d, 0) for d in decoded], ImageCollate(0), len(files), repeat
+            ),
+        },
+    ]
     if device.type == "cuda":
         from torchfeed.ring import PinnedRing
 
@@ -280,10 +339,20 @@ def stage_breakdown(files: Sequence[Path], batch_size: int, device: torch.device
             ring.to_device(ring.stage(ragged), device)
             torch.cuda.synchronize()
 
-        rows.append({"stage": "host -> device", "baseline_ms": _median_ms(pinned_copy, repeat),
-                     "torchfeed_ms": _median_ms(ring_copy, repeat)})  # fmt: skip
+        rows.append(
+            {
+                "stage": "host -> device",
+                "baseline_ms": _median_ms(pinned_copy, repeat),
+                "torchfeed_ms": _median_ms(ring_copy, repeat),
+            }
+        )
     else:
         rows.append({"stage": "host -> device", "baseline_ms": None, "torchfeed_ms": None})
-    rows.append({"stage": "MB per batch, worker -> main", "baseline_ms": float_batch.nbytes / 1e6,
-                 "torchfeed_ms": ragged.data.nbytes / 1e6})  # fmt: skip
+    rows.append(
+        {
+            "stage": "MB per batch, worker -> main",
+            "baseline_ms": float_batch.nbytes / 1e6,
+            "torchfeed_ms": ragged.data.nbytes / 1e6,
+        }
+    )
     return rows

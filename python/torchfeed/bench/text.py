@@ -49,8 +49,12 @@ def static_collate(batch):
     ids, mask = _masked([b["input_ids"] for b in batch], MAX_LENGTH)
     labels, _ = _masked([b["labels"] for b in batch], MAX_LENGTH)
     labels[~mask] = -100
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels,
-            "label": torch.tensor([b["label"] for b in batch])}  # fmt: skip
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "labels": labels,
+        "label": torch.tensor([b["label"] for b in batch]),
+    }
 
 
 def dynamic_collate(batch):
@@ -58,8 +62,12 @@ def dynamic_collate(batch):
     ids, mask = _masked([b["input_ids"] for b in batch], None)
     labels, _ = _masked([b["labels"] for b in batch], None)
     labels[~mask] = -100
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels,
-            "label": torch.tensor([b["label"] for b in batch])}  # fmt: skip
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "labels": labels,
+        "label": torch.tensor([b["label"] for b in batch]),
+    }
 
 
 def torchfeed_collate(packed: bool = False) -> PadCollate:
@@ -123,14 +131,23 @@ def run(
 
             def make_loader(collate=collate, num_workers=num_workers):
                 return DataLoader(
-                    dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                    collate_fn=collate, persistent_workers=num_workers > 0,
-                )  # fmt: skip
+                    dataset,
+                    batch_size=batch_size,
+                    shuffle=False,
+                    num_workers=num_workers,
+                    collate_fn=collate,
+                    persistent_workers=num_workers > 0,
+                )
 
             result = run_epochs(
-                name, f"workers={num_workers}", make_loader, consume, epochs,
-                -(-len(dataset) // batch_size), show_progress,
-            )  # fmt: skip
+                name,
+                f"workers={num_workers}",
+                make_loader,
+                consume,
+                epochs,
+                -(-len(dataset) // batch_size),
+                show_progress,
+            )
             result.extra["tokens_kept_pct"] = 100.0 * counts["real"] / max(counts["padded"], 1)
             results.append(result)
     return results

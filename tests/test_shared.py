@@ -1,0 +1,219 @@
+"""Zero-copy batches through SharedRing: identical to the ordinary path with fork and spawn and
+any worker count, regions released and reused, dead workers reclaimed, timeouts, oversize
+fallback, and nothing left in /dev/shm."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+import torchfeed
+from torchfeed import ImageCollate, PadCollate, RaggedBatch, SharedRing, loader
+
+many_workers = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+class Images(Dataset):
+    def __init__(self, n=37):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        h, w = (int(v) for v in torch.randint(8, 40, (2,), generator=g))
+        return torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8), i
+
+
+class Texts(Dataset):
+    def __len__(self):
+        return 29
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        n = int(torch.randint(1, 30, (), generator=g))
+        return {"ids": torch.randint(0, 100, (n,), generator=g), "label": i, "w": i / 2,
+                "name": f"s{i}", "feat": torch.ones(3) * i}  # fmt: skip
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, torchfeed.RaggedImages):
+        return a.shapes == b.shapes and a.layout == b.layout and torch.equal(a.data, b.data)
+    if isinstance(a, RaggedBatch):
+        return a.host_lengths == b.host_lengths and torch.equal(a.values, b.values)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def batches(ds, collate, zero_copy, epochs=1, **kw):
+    dl = loader(ds, zero_copy=zero_copy, collate_fn=collate, **kw)
+    out = [list(dl) for _ in range(epochs)]
+    return out, dl
+
+
+@many_workers
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_image_batches_identical(context, workers):
+    kw = dict(batch_size=5, num_workers=workers, multiprocessing_context=context)
+    ours, dl = batches(Images(), ImageCollate(0, layout="HWC"), True, **kw)
+    plain, _ = batches(Images(), ImageCollate(0, layout="HWC"), False, **kw)
+    assert same(ours, plain)
+    assert dl.shared_ring.contains(ours[0][0][0].data)  # really from the ring
+    assert dl.shared_ring.stats()["allocations"] == 8
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_text_batches_identical_over_epochs_with_persistent_workers(packed, context):
+    def collate():
+        return PadCollate({"ids": 0}, packed=packed) if packed else PadCollate({"ids": -1})
+
+    kw = dict(batch_size=6, num_workers=2, persistent_workers=True, multiprocessing_context=context)
+    ours, dl = batches(Texts(), collate(), True, epochs=3, **kw)
+    plain, _ = batches(Texts(), collate(), False, epochs=3, **kw)
+    assert same(ours, plain)
+    ring = dl.shared_ring
+    del ours
+    stats = ring.stats()
+    assert stats["bytes_in_use"] == 0 and stats["regions_in_consumer"] == 0
+    assert stats["regions_in_workers"] == 0 and stats["allocations"] == 15
+
+
+def test_regions_are_released_and_reused():
+    dl = loader(Images(200), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"),
+                batch_size=4, num_workers=2, ring_capacity=64 * 1024)  # fmt: skip
+    for batch in dl:  # each batch dropped before the next: 50 batches through a small ring
+        assert batch[0].data.numel() > 0
+    del batch
+    stats = dl.shared_ring.stats()
+    assert stats["allocations"] == 50 and stats["bytes_in_use"] == 0
+    assert stats["high_water"] <= 64 * 1024
+
+
+def test_num_workers_zero_is_an_ordinary_loader():
+    dl = loader(Images(), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"), batch_size=5)
+    plain = list(loader(Images(), collate_fn=ImageCollate(0, layout="HWC"), batch_size=5))
+    assert same(list(dl), plain) and dl.shared_ring is None
+
+
+def test_dead_worker_regions_are_reclaimed():
+    ring = SharedRing(1 << 16, timeout=5)
+    ready = mp.get_context("fork").Event()
+
+    def hold():
+        ring._ring.acquire(1000, 5.0)
+        ready.set()
+        signal.pause()
+
+    proc = mp.get_context("fork").Process(target=hold)
+    proc.start()
+    assert ready.wait(10)
+    assert ring.stats()["regions_in_workers"] == 1
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    assert ring.reclaim_dead() == 1
+    stats = ring.stats()
+    assert (
+        stats["regions_in_workers"] == 0 and stats["bytes_in_use"] == 0 and stats["reclaimed"] == 1
+    )
+
+
+class Killer(Dataset):
+    """Kills its worker once, mid-epoch, right after the collate of an earlier batch."""
+
+    def __init__(self, flag):
+        self.flag = flag
+
+    def __len__(self):
+        return 30
+
+    def __getitem__(self, i):
+        if i == 17 and self.flag[0] == 0:
+            self.flag[0] = 1
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.full((2, 2, 3), i, dtype=torch.uint8), i
+
+
+def test_worker_killed_mid_epoch_does_not_leak():
+    flag = torch.zeros(1, dtype=torch.int64).share_memory_()
+    dl = loader(Killer(flag), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"),
+                batch_size=3, num_workers=2)  # fmt: skip
+    with pytest.raises(
+        RuntimeError, match="DataLoader worker .* exited unexpectedly|killed by signal"
+    ):
+        for batch in dl:
+            del batch
+    ring = dl.shared_ring
+    again = [i for b in dl for i in b[1].tolist()]  # a new epoch: the lost regions come back
+    assert again == list(range(30))
+    assert ring.stats()["bytes_in_use"] == 0 and ring.stats()["regions_in_workers"] == 0
+
+
+def test_timeout_when_the_consumer_never_releases():
+    dl = loader(Images(64), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"),
+                batch_size=4, num_workers=1, ring_capacity=32 * 1024, ring_timeout=1.0)  # fmt: skip
+    held = []
+    with pytest.raises(
+        TimeoutError, match="SharedRing.acquire: timed out after 1.0+ s waiting for space"
+    ):
+        for batch in dl:
+            held.append(batch)  # never released
+    assert held
+
+
+@pytest.mark.filterwarnings("ignore:SharedRing")
+def test_oversize_batches_fall_back():
+    ours, dl = batches(Images(20), ImageCollate(0, layout="HWC"), True, batch_size=10,
+                       num_workers=2, ring_capacity=512)  # fmt: skip
+    plain, _ = batches(Images(20), ImageCollate(0, layout="HWC"), False, batch_size=10)
+    assert same(ours, plain)
+    assert dl.shared_ring.stats()["allocations"] == 0  # every batch took the ordinary path
+
+
+def test_no_shared_memory_files_left(tmp_path):
+    before = set(os.listdir("/dev/shm"))
+    dl = loader(Images(), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"),
+                batch_size=5, num_workers=2)  # fmt: skip
+    for _ in dl:
+        break
+    with pytest.raises(ZeroDivisionError):
+        for _ in dl:
+            raise ZeroDivisionError("the training step failed")
+    del dl, _
+    assert set(os.listdir("/dev/shm")) - before == set()
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="zero_copy needs a ring-aware collate_fn"):
+        loader(Images(), zero_copy=True, collate_fn=lambda b: b, num_workers=2)
+    with pytest.raises(ValueError, match="capacity must be a positive int"):
+        SharedRing(0)
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        SharedRing(1024, timeout=0)
+
+
+@pytest.mark.cuda
+def test_cuda_registered_memory_is_pinned_and_copies():
+    dl = loader(Images(), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"), batch_size=5,
+                num_workers=2)  # fmt: skip
+    plain = list(loader(Images(), collate_fn=ImageCollate(0, layout="HWC"), batch_size=5))
+    got = []
+    for batch in torchfeed.DevicePrefetcher(dl, "cuda"):
+        assert batch[0].data.is_cuda
+        got.append(batch[0].data.cpu())
+    assert dl.shared_ring.pinned
+    assert all(torch.equal(a, b[0].data) for a, b in zip(got, plain, strict=True))
+    first = next(iter(dl))
+    assert first[0].data.is_pinned()
