@@ -50,7 +50,7 @@ def test_bench_quick_prints_the_table(quick_run):
 
 
 def test_bench_json_schema(quick_run):
-    result, tmp = quick_run
+    _result, tmp = quick_run
     payload = json.loads((tmp / "out.json").read_text())
     assert set(payload) >= {"machine", "settings", "results", "stages", "agreement"}
     assert payload["settings"]["quick"] is True and payload["settings"]["workers"] == [1]
