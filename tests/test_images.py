@@ -99,3 +99,13 @@ def test_image_collate_tuples_and_bare():
         ImageCollate("img")([{"image": ims[0]}])
     with pytest.raises(ValueError, match="batch is empty"):
         ImageCollate()([])
+
+
+def test_channels_last_views_are_packed_without_transposing():
+    hwc = images([(5, 7), (3, 4)], layout="HWC")
+    views = [im.permute(2, 0, 1) for im in hwc]  # [C, H, W] views of HWC memory, as decoders give
+    r = RaggedImages.from_images(views, "CHW")
+    assert r.layout == "HWC" and r.shapes == ((3, 5, 7), (3, 3, 4))
+    assert torch.equal(r.data, torch.cat([im.reshape(-1) for im in hwc]))  # the bytes as they were
+    for got, want in zip(r.images(), views, strict=True):
+        assert torch.equal(got, want)

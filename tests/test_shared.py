@@ -217,3 +217,34 @@ def test_cuda_registered_memory_is_pinned_and_copies():
     assert all(torch.equal(a, b[0].data) for a, b in zip(got, plain, strict=True))
     first = next(iter(dl))
     assert first[0].data.is_pinned()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_transform_in_workers_writes_into_the_ring(channels_last):
+    from torchfeed.transforms import ResizeCenterCropNormalize
+
+    t = ResizeCenterCropNormalize(24, 16, mean=[0.5] * 3, std=[0.25] * 3, image_layout="HWC",
+                                  channels_last=channels_last)  # fmt: skip
+    kw = dict(batch_size=5, num_workers=2)
+    ours, dl = batches(Images(), ImageCollate(0, layout="HWC", transform=t), True, **kw)
+    plain, _ = batches(Images(), ImageCollate(0, layout="HWC", transform=t), False, **kw)
+    direct = [t([Images()[i][0] for i in range(k, min(k + 5, 37))]) for k in range(0, 37, 5)]
+    assert same(ours, plain)
+    for (images, _labels), want in zip(ours[0], direct, strict=True):
+        assert images.shape == want.shape and torch.equal(images, want)
+        assert dl.shared_ring.contains(images)
+        assert images.is_contiguous(
+            memory_format=torch.channels_last if channels_last else torch.contiguous_format
+        )
+
+
+def test_collate_transform_must_match_layout():
+    from torchfeed.transforms import ResizeCenterCropNormalize
+
+    t = ResizeCenterCropNormalize(24, 16, mean=[0.5], std=[0.25])
+    with pytest.raises(
+        ValueError, match="transform.image_layout='CHW' but the collate's layout='HWC'"
+    ):
+        ImageCollate(0, layout="HWC", transform=t)
+    with pytest.raises(TypeError, match="transform must be a torchfeed batch transform"):
+        ImageCollate(0, transform=lambda x: x)

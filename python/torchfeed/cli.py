@@ -221,6 +221,9 @@ def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             files, labels = dataset.list_image_folder(root, n_images)
         agreement = images.check_agreement(files)
         payload["agreement"] = agreement
+        # stages first, on a quiet machine (no pipeline's workers around)
+        stages = images.stage_breakdown(files, batch_size, device, repeat=2 if quick else 5)
+        payload["stages"] = stages
         skipped = images.SkippedLog()
         results = images.run(
             files,
@@ -233,8 +236,6 @@ def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             skipped=skipped,
         )
         rows += _with_speedup(results, images.BASELINE)
-        stages = images.stage_breakdown(files, batch_size, device, repeat=2 if quick else 5)
-        payload["stages"] = stages
         payload["skipped_files"] = [str(files[i]) for i in skipped.indices()]
     if "text" in args.suite:
         results = text.run(
@@ -260,7 +261,12 @@ def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(
             format_table(
                 payload["stages"],
-                [("stage", "stage"), ("baseline_ms", "baseline"), ("torchfeed_ms", "torchfeed")],
+                [
+                    ("stage", "stage"),
+                    ("baseline_ms", "baseline"),
+                    ("torchfeed_ms", "torchfeed"),
+                    ("zero_copy_ms", "torchfeed zero-copy"),
+                ],
             )
         )
         a = payload["agreement"]
@@ -306,18 +312,20 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
             file=sys.stderr,
         )
         return
-    labels = [f"{r['pipeline']}\n[{r['config']}]" for r in rows]
-    values = [r["samples_per_s"] for r in rows]
-    fig, ax = plt.subplots(figsize=(10, 0.5 * len(rows) + 1.5))
-    ax.barh(
-        range(len(rows)),
-        values,
-        color=["#888" if "baseline" in lab or "pad_sequence" in lab else "#2a7" for lab in labels],
+    suites = sorted({r["pipeline"].split(":")[0] for r in rows})
+    fig, axes = plt.subplots(
+        len(suites), 1, figsize=(10, 0.45 * len(rows) + 1.5 * len(suites)), squeeze=False
     )
-    ax.set_yticks(range(len(rows)), labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("samples/s (higher is better)")
-    ax.set_title("torchfeed bench")
+    for ax, suite in zip(axes[:, 0], suites, strict=True):
+        part = [r for r in rows if r["pipeline"].split(":")[0] == suite]
+        labels = [f"{r['pipeline'].split(': ', 1)[1]} [{r['config']}]" for r in part]
+        colors = ["#999" if r["speedup"] == 1.0 else "#2a7" for r in part]  # baselines grey
+        ax.barh(range(len(part)), [r["samples_per_s"] for r in part], color=colors)
+        for i, r in enumerate(part):
+            ax.text(r["samples_per_s"], i, f" {r['speedup']:.2f}x", va="center", fontsize=7)
+        ax.set_yticks(range(len(part)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(f"{suite}: samples/s (higher is better), speedup over its baseline", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -27,6 +27,19 @@ def empty_for_batch(numel: int, like: Tensor) -> Tensor:
     return like.new_empty(numel)
 
 
+def storage_views(images: Sequence[Tensor], layout: Layout) -> tuple[list[Tensor], Layout]:
+    """The images as they will be copied, and the layout that copy has: the order they already
+    have in memory (decoders such as torchvision's return [C, H, W] views of HWC memory), so
+    packing is a plain memcpy, never a transposition."""
+    chw = [im if layout == "CHW" else im.permute(2, 0, 1) for im in images]
+    if all(v.is_contiguous() for v in chw):
+        return chw, "CHW"
+    hwc = [v.permute(1, 2, 0) for v in chw]
+    if all(v.is_contiguous() for v in hwc):
+        return hwc, "HWC"
+    return chw, "CHW"  # mixed or strided: copied into CHW order
+
+
 def image_shapes(images: Sequence[Tensor], layout: Layout) -> list[tuple[int, int, int]]:
     """(C, H, W) of each image, after checking they can be packed together."""
     check_layout(layout)
@@ -88,13 +101,14 @@ class RaggedImages:
     @classmethod
     def from_images(cls, images: Sequence[Tensor], layout: Layout = "CHW") -> RaggedImages:
         """Packs ``[C, H_i, W_i]`` images (``layout="CHW"``) or ``[H_i, W_i, C]`` ones
-        (``"HWC"``, as PIL and numpy decode them) with one copy."""
+        (``"HWC"``, as PIL and numpy decode them) with one copy, keeping the order the pixels
+        already have in memory (so ``.layout`` may differ from ``layout``)."""
         images = list(images)
         shapes = image_shapes(images, layout)
+        views, stored = storage_views(images, layout)
         data = empty_for_batch(sum(im.numel() for im in images), images[0])
-        # shapes are validated by the constructor; the copy fills the buffer image by image
-        torch.cat([im.reshape(-1) for im in images], out=data)
-        return cls(data, shapes, layout)
+        torch.cat([v.reshape(-1) for v in views], out=data)
+        return cls(data, shapes, stored)
 
     # --- facts, from the host ----------------------------------------------------------------
     def __len__(self) -> int:
@@ -162,17 +176,38 @@ class ImageCollate:
     through ``default_collate``. Samples are dicts (``image_key`` a key), tuples (a position) or
     bare images."""
 
-    def __init__(self, image_key: str | int = 0, layout: Layout = "CHW", ring: Any = None) -> None:
+    def __init__(
+        self,
+        image_key: str | int = 0,
+        layout: Layout = "CHW",
+        ring: Any = None,
+        transform: Any = None,
+    ) -> None:
         check_layout(layout)
+        if transform is not None:
+            if not hasattr(transform, "apply") or not hasattr(transform, "output_shape"):
+                raise TypeError(
+                    "transform must be a torchfeed batch transform (RandomResizedCropFlipNormalize"
+                    f" or ResizeCenterCropNormalize), got {type(transform).__name__}"
+                )
+            if transform.image_layout != layout:
+                raise ValueError(
+                    f"transform.image_layout={transform.image_layout!r} but the collate's "
+                    f"layout={layout!r}: they must agree"
+                )
         self.image_key = image_key
         self.layout = layout
         self.ring = ring  # a torchfeed.shared.SharedRing: workers collate into it (zero copy)
+        self.transform = transform  # applied to the batch here (in the workers)
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         if not batch:
             raise ValueError("ImageCollate: batch is empty")
         zero_copy = self.ring is not None and get_worker_info() is not None
-        pack_images = _lazy_images if zero_copy else RaggedImages.from_images
+        if self.transform is not None:
+            pack_images = self._lazy_transformed if zero_copy else self._transformed
+        else:
+            pack_images = _lazy_images if zero_copy else RaggedImages.from_images
         other = private_collate if zero_copy else default_collate
         first = batch[0]
         if isinstance(first, Tensor):
@@ -203,16 +238,39 @@ class ImageCollate:
             )
         return self.ring.pack(out) if zero_copy else out
 
+    def _transformed(self, images: Sequence[Tensor], layout: Layout) -> Tensor:
+        return self.transform.apply(list(images))[0]
+
+    def _lazy_transformed(self, images: Sequence[Tensor], layout: Layout) -> Any:
+        """The transform's output, written by the fused kernel straight into the ring."""
+        from torchfeed.shared import Lazy
+
+        images = list(images)
+        channels = image_shapes(images, layout)[0][0]
+        b, c, h, w = self.transform.output_shape(len(images), channels)
+        if self.transform.channels_last:  # stored as [B, H, W, C], viewed as [B, C, H, W]
+            shape, permute = (b, h, w, c), (0, 3, 1, 2)
+        else:
+            shape, permute = (b, c, h, w), None
+        return Lazy(
+            self.transform.dtype,
+            shape,
+            lambda out: self.transform.apply(images, out=out),
+            lambda: self._transformed(images, layout),
+            permute,
+        )
+
 
 def _lazy_images(images: Sequence[Tensor], layout: Layout) -> RaggedImages:
     """RaggedImages whose buffer ``SharedRing.pack`` writes straight into the ring."""
-    from torchfeed.shared import Concat
+    from torchfeed.shared import concat
 
     images = list(images)
     shapes = image_shapes(images, layout)
+    views, stored = storage_views(images, layout)
     out = object.__new__(RaggedImages)
-    out.data = Concat(images)
-    out.layout = layout
+    out.data = concat(views)
+    out.layout = stored
     out._shapes = tuple(shapes)
     out._offsets = tuple(itertools.accumulate((c * h * w for c, h, w in shapes), initial=0))
     return out

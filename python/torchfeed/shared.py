@@ -26,32 +26,54 @@ _FIELD_ALIGN = 64
 
 @dataclass(frozen=True)
 class _Spec:
-    """A tensor of a packed batch: where it is in the region and what it looks like."""
+    """A tensor of a packed batch: where it is in the region and what it looks like (stored
+    contiguously as ``shape``, then ``permute``d)."""
 
     offset: int
     nbytes: int
     dtype: torch.dtype
     shape: tuple[int, ...]
+    permute: tuple[int, ...] | None = None
 
 
-class Concat:
-    """A tensor that a collate will build by concatenating ``parts`` (flattened): packed into the
-    ring it is written once, in place."""
+class Lazy:
+    """A tensor that a collate writes in place: packed into the ring, ``fill(out)`` writes it
+    straight into the region (``out`` is ``shape`` contiguous, then ``permute``d); on the
+    ordinary path ``make()`` builds it."""
 
-    def __init__(self, parts: list[Tensor]) -> None:
-        self.parts = parts
-        self.dtype = parts[0].dtype
-        self.numel = sum(p.numel() for p in parts)
+    def __init__(
+        self,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        fill: Callable[[Tensor], Any],
+        make: Callable[[], Tensor],
+        permute: tuple[int, ...] | None = None,
+    ) -> None:
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.fill = fill
+        self.make = make
+        self.permute = permute
 
-    def into(self, out: Tensor) -> Tensor:
-        return torch.cat([p.reshape(-1) for p in self.parts], out=out)
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty(0, dtype=self.dtype).element_size()
 
-    def materialize(self) -> Tensor:
-        return torch.cat([p.reshape(-1) for p in self.parts])
+
+def concat(parts: list[Tensor]) -> Lazy:
+    """The flattened concatenation of ``parts``, written once."""
+    flat = [p.reshape(-1) for p in parts]
+    numel = sum(p.numel() for p in flat)
+    return Lazy(
+        flat[0].dtype, (numel,), lambda out: torch.cat(flat, out=out), lambda: torch.cat(flat)
+    )
 
 
 def _is_leaf(x: Any) -> bool:
-    return isinstance(x, Tensor | Concat)
+    return isinstance(x, Tensor | Lazy)
 
 
 @dataclass
@@ -152,7 +174,7 @@ class SharedRing:
 
     # --- the worker side -----------------------------------------------------------------------
     def pack(self, batch: Any, timeout: float | None = None) -> RingHandle | Any:
-        """Writes every tensor of ``batch`` (and every :class:`Concat`) into one region and
+        """Writes every tensor of ``batch`` (and every :class:`Lazy` one) into one region and
         returns its handle. A batch larger than the whole ring is returned as an ordinary batch,
         with a one-time warning."""
         leaves: list[Any] = []
@@ -183,14 +205,12 @@ class SharedRing:
 
             def place(leaf: Any) -> _Spec:
                 start, nbytes = layout[id(leaf)], _nbytes(leaf)
-                view = region[start : start + nbytes].view(leaf.dtype)
-                if isinstance(leaf, Concat):
-                    leaf.into(view)
-                    shape: tuple[int, ...] = (leaf.numel,)
-                else:
-                    shape = tuple(leaf.shape)
-                    view.view(shape).copy_(leaf)
-                return _Spec(start, nbytes, leaf.dtype, shape)
+                view = region[start : start + nbytes].view(leaf.dtype).view(tuple(leaf.shape))
+                if isinstance(leaf, Lazy):
+                    leaf.fill(view if leaf.permute is None else view.permute(*leaf.permute))
+                    return _Spec(start, nbytes, leaf.dtype, leaf.shape, leaf.permute)
+                view.copy_(leaf)
+                return _Spec(start, nbytes, leaf.dtype, tuple(leaf.shape))
 
             tree = map_tensors(batch, place, _is_leaf)
         except BaseException:
@@ -205,7 +225,8 @@ class SharedRing:
         region = self._ring.view(handle.slot, handle.generation, handle.nbytes)
 
         def view(spec: _Spec) -> Tensor:
-            return region[spec.offset : spec.offset + spec.nbytes].view(spec.dtype).view(spec.shape)
+            t = region[spec.offset : spec.offset + spec.nbytes].view(spec.dtype).view(spec.shape)
+            return t if spec.permute is None else t.permute(*spec.permute)
 
         return map_tensors(handle.tree, view, lambda x: isinstance(x, _Spec))
 
@@ -221,13 +242,13 @@ def _attach(owner: int, fd: int, timeout: float) -> SharedRing:
 
 
 def _nbytes(leaf: Any) -> int:
-    if isinstance(leaf, Concat):
-        return leaf.numel * leaf.parts[0].element_size()
+    if isinstance(leaf, Lazy):
+        return leaf.nbytes
     return leaf.numel() * leaf.element_size()
 
 
 def _materialize(leaf: Any) -> Tensor:
-    return leaf.materialize() if isinstance(leaf, Concat) else leaf
+    return leaf.make() if isinstance(leaf, Lazy) else leaf
 
 
 def in_worker() -> bool:

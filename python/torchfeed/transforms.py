@@ -278,7 +278,9 @@ class OutputBuffer:
         self._bufs: list[Tensor] = []
 
     def get(self, shape, dtype, device, memory_format) -> Tensor:
-        if device.type != "cpu":
+        if device.type != "cpu" or torch.utils.data.get_worker_info() is not None:
+            # In a DataLoader worker the batch goes to the main process through shared memory:
+            # the main process still reads it when the worker's references are all gone.
             return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
         for buf in self._bufs:
             # References to buf here: the list, the loop variable and getrefcount's argument;
@@ -576,9 +578,12 @@ class _BatchTransform(v2.Transform):
         state["_buffer"] = OutputBuffer()  # a pickled transform carries no output batch
         return state
 
-    def forward(self, *inputs: Any) -> Any:
-        sample = inputs if len(inputs) > 1 else inputs[0]
-        images, targets = _split(sample)
+    def output_shape(self, batch_size: int, channels: int) -> tuple[int, ...]:
+        return (batch_size, channels, *self._out_size())
+
+    def apply(self, images: Any, out: Tensor | None = None) -> tuple[Tensor, dict, _Batch]:
+        """Transforms a batch of images (into ``out`` if given); returns the output, the drawn
+        parameters and the batch as the ops saw it."""
         batch = _Batch(images, self.image_layout)
         grid, flips, params = self._geometry(batch)
         mean, std = _mean_std(self.mean, self.std, max(batch.channels, 1))
@@ -593,9 +598,15 @@ class _BatchTransform(v2.Transform):
             std,
             self.dtype,
             self.channels_last,
-            None,
+            out,
             self._buffer,
         )
+        return out, params, batch
+
+    def forward(self, *inputs: Any) -> Any:
+        sample = inputs if len(inputs) > 1 else inputs[0]
+        images, targets = _split(sample)
+        out, params, batch = self.apply(images)
         if isinstance(images, tv_tensors.Image) or (
             isinstance(images, Sequence) and images and isinstance(images[0], tv_tensors.Image)
         ):

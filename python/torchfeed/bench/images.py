@@ -28,6 +28,8 @@ from torchfeed.bench.runner import PipelineResult, run_epochs
 from torchfeed.data import SkipCorrupt
 from torchfeed.images import ImageCollate, RaggedImages
 from torchfeed.prefetch import DevicePrefetcher
+from torchfeed.shared import SharedRing
+from torchfeed.shared import loader as zc_loader
 from torchfeed.transforms import (
     RandomResizedCropFlipNormalize,
     crop_flip_normalize,
@@ -41,6 +43,8 @@ SIZE = 224
 
 BASELINE = "images: baseline (torchvision per image)"
 TORCHFEED = "images: torchfeed (uint8 collate, ring, fused)"
+ZERO_COPY = "images: torchfeed zero-copy (fused in prefetcher)"
+ZERO_COPY_WORKERS = "images: torchfeed zero-copy, fused in workers"
 GPU_DECODE = "images: torchfeed + GPU decode"
 
 
@@ -143,8 +147,36 @@ def make_pipelines(
         t = fused_transform()
         return DevicePrefetcher(dl, device, transform=lambda b: (t(b[0]), b[1]))
 
+    def zero_copy():
+        dl = zc_loader(
+            skipped.track(FileDataset(files, labels)),
+            zero_copy=True,
+            batch_size=batch_size,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            collate_fn=ImageCollate(0),
+        )
+        t = fused_transform()
+        return DevicePrefetcher(dl, device, transform=lambda b: (t(b[0]), b[1]))
+
+    def zero_copy_in_workers():
+        # each worker draws from its own generator (the DataLoader seeds them apart)
+        t = RandomResizedCropFlipNormalize(SIZE, mean=MEAN, std=STD)
+        return zc_loader(
+            skipped.track(FileDataset(files, labels)),
+            zero_copy=True,
+            batch_size=batch_size,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            collate_fn=ImageCollate(0, transform=t),
+        )
+
     pipelines[BASELINE] = baseline
     pipelines[TORCHFEED] = ours
+    if workers > 0:
+        pipelines[ZERO_COPY] = zero_copy
+        if not gpu:  # on a GPU machine the transform belongs on the GPU
+            pipelines[ZERO_COPY_WORKERS] = zero_copy_in_workers
     if gpu:
 
         def gpu_decode():
@@ -269,9 +301,12 @@ class _Samples(Dataset):
         return self.samples[i % len(self.samples)]
 
 
-def _collate_transfer_ms(samples, collate, batch_size: int, repeat: int) -> float:
-    dl = DataLoader(
+def _collate_transfer_ms(
+    samples, collate, batch_size: int, repeat: int, zero_copy: bool = False
+) -> float:
+    dl = zc_loader(
         _Samples(samples),
+        zero_copy=zero_copy,
         batch_size=batch_size,
         num_workers=1,
         collate_fn=collate,
@@ -305,16 +340,20 @@ def stage_breakdown(
     read_decode = _median_ms(
         lambda: [decode_image(read_file(str(f)), mode=ImageReadMode.RGB) for f in files], repeat
     )
+    fused_ms = _median_ms(lambda: fused(ragged), repeat)
+    images_with_labels = [(d, 0) for d in decoded]
     rows = [
         {
             "stage": "read + decode (workers)",
             "baseline_ms": read_decode,
             "torchfeed_ms": read_decode,
+            "zero_copy_ms": read_decode,
         },
         {
-            "stage": "transform (baseline: workers)",
+            "stage": "transform (baseline: in workers)",
             "baseline_ms": _median_ms(lambda: [tv(i) for i in decoded], repeat),
-            "torchfeed_ms": _median_ms(lambda: fused(ragged), repeat),
+            "torchfeed_ms": fused_ms,
+            "zero_copy_ms": fused_ms,
         },
         {
             "stage": "collate + worker -> main transfer",
@@ -322,7 +361,10 @@ def stage_breakdown(
                 [(t, 0) for t in transformed], None, len(files), repeat
             ),
             "torchfeed_ms": _collate_transfer_ms(
-                [(d, 0) for d in decoded], ImageCollate(0), len(files), repeat
+                images_with_labels, ImageCollate(0), len(files), repeat
+            ),
+            "zero_copy_ms": _collate_transfer_ms(
+                images_with_labels, ImageCollate(0), len(files), repeat, zero_copy=True
             ),
         },
     ]
@@ -339,20 +381,29 @@ def stage_breakdown(
             ring.to_device(ring.stage(ragged), device)
             torch.cuda.synchronize()
 
+        shared = SharedRing(4 * ragged.data.nbytes)
+        registered = shared.unpack(shared.pack(ragged))  # as the workers leave a batch
+
+        def registered_copy():  # straight from the page-locked shared memory
+            registered.data.to(device, non_blocking=True)
+            torch.cuda.synchronize()
+
         rows.append(
             {
                 "stage": "host -> device",
                 "baseline_ms": _median_ms(pinned_copy, repeat),
                 "torchfeed_ms": _median_ms(ring_copy, repeat),
+                "zero_copy_ms": _median_ms(registered_copy, repeat),
             }
         )
     else:
-        rows.append({"stage": "host -> device", "baseline_ms": None, "torchfeed_ms": None})
+        rows.append({"stage": "host -> device"})
     rows.append(
         {
             "stage": "MB per batch, worker -> main",
             "baseline_ms": float_batch.nbytes / 1e6,
             "torchfeed_ms": ragged.data.nbytes / 1e6,
+            "zero_copy_ms": ragged.data.nbytes / 1e6,
         }
     )
     return rows

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchfeed.bench.runner import PipelineResult, run_epochs
 from torchfeed.collate import PadCollate
 from torchfeed.ragged import RaggedBatch
+from torchfeed.shared import loader
 
 MAX_LENGTH = 512
 
@@ -86,6 +87,7 @@ PIPELINES = {
     "text: torchfeed PadCollate": torchfeed_collate(),
     "text: torchfeed PadCollate packed": torchfeed_collate(packed=True),
 }
+ZERO_COPY = "text: torchfeed PadCollate zero-copy"
 BASELINE = "text: static pad to 512 (pad_sequence)"
 
 
@@ -120,7 +122,10 @@ def run(
     check_pipelines_agree(dataset, batch_size)
     results = []
     for num_workers in workers:
-        for name, collate in PIPELINES.items():
+        pipelines = dict(PIPELINES)
+        if num_workers > 0:
+            pipelines[ZERO_COPY] = None  # made below, with its ring
+        for name, collate in pipelines.items():
             counts = {"real": 0, "padded": 0}
 
             def consume(batch, counts=counts):
@@ -129,7 +134,17 @@ def run(
                 counts["padded"] += padded
                 return batch["label"].shape[0]
 
-            def make_loader(collate=collate, num_workers=num_workers):
+            def make_loader(collate=collate, num_workers=num_workers, name=name):
+                if name == ZERO_COPY:
+                    return loader(
+                        dataset,
+                        zero_copy=True,
+                        batch_size=batch_size,
+                        shuffle=False,
+                        num_workers=num_workers,
+                        persistent_workers=True,
+                        collate_fn=torchfeed_collate(),
+                    )
                 return DataLoader(
                     dataset,
                     batch_size=batch_size,
