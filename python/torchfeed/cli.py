@@ -325,7 +325,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
             ax.text(r["samples_per_s"], i, f" {r['speedup']:.2f}x", va="center", fontsize=7)
         ax.set_yticks(range(len(part)), labels, fontsize=7)
         ax.invert_yaxis()
-        ax.set_title(f"{suite}: samples/s (higher is better), speedup over its baseline", fontsize=9)
+        ax.set_title(f"{suite}: samples/s, speedup over the suite's baseline", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
