@@ -90,8 +90,13 @@ if [[ $gpu == 1 ]]; then
   step gpu_bench 240 "$PY" -m pytest bench -q -p no:cacheprovider -m cuda --benchmark-only \
     --benchmark-columns=median,iqr,rounds --benchmark-json="$out/gpu_bench.json"
   sed -n '/torchfeed vs baselines/,/^$/p' "$out/gpu_bench.log" | sed 's/^/      /' | tee -a "$report"
+  # the main job on the GPU: baseline, torchfeed (ring, fused on the GPU), zero copy, GPU decode
+  step torchfeed_bench 240 "$PY" -m torchfeed bench --device cuda --epochs 2 --images 512 \
+    --batch-size 64 --workers 4 --no-progress --cache-dir /tmp/torchfeed-cache \
+    --json "$out/torchfeed_bench.json"
+  sed -n '1,/^machine:/p' "$out/torchfeed_bench.log" | sed 's/^/      /' | tee -a "$report"
 else
-  say "- memcheck, gpu_bench: skipped (no GPU)"
+  say "- memcheck, gpu_bench, torchfeed_bench: skipped (no GPU)"
 fi
 
 say ""
