@@ -398,12 +398,12 @@ void SharedRing::unregister_pinned() {
 #endif
 }
 
-int64_t SharedRing::reclaim_dead() {
-  poll_fences();
+template <typename Pred>
+int64_t SharedRing::reclaim_if(Pred stale) {
   lock();
   int64_t freed = 0;
   for (SharedSlot& s : control_->slots) {
-    if (s.state == kWorker && !process_alive(s.pid)) {
+    if (s.state == kWorker && stale(s)) {
       s.state = kFree;
       ++freed;
     }
@@ -414,19 +414,13 @@ int64_t SharedRing::reclaim_dead() {
   return freed;
 }
 
+int64_t SharedRing::reclaim_dead() {
+  poll_fences();
+  return reclaim_if([](const SharedSlot& s) { return !process_alive(s.pid); });
+}
+
 int64_t SharedRing::reclaim_before(int64_t generation) {
-  lock();
-  int64_t freed = 0;
-  for (SharedSlot& s : control_->slots) {
-    if (s.state == kWorker && s.generation < generation) {
-      s.state = kFree;
-      ++freed;
-    }
-  }
-  control_->reclaimed += freed;
-  if (freed) pthread_cond_broadcast(&control_->released);
-  unlock();
-  return freed;
+  return reclaim_if([generation](const SharedSlot& s) { return s.generation < generation; });
 }
 
 int64_t SharedRing::next_generation() {

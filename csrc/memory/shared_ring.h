@@ -90,6 +90,8 @@ class SharedRing : public std::enable_shared_from_this<SharedRing> {
   void lock();
   void unlock() { pthread_mutex_unlock(&control_->mu); }
   void release_if_done(int64_t slot, int64_t generation);
+  template <typename Pred>
+  int64_t reclaim_if(Pred stale);  // frees worker-held regions for which stale(slot) holds
   void poll_fences();
 
   int64_t base_;

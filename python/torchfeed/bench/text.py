@@ -45,10 +45,9 @@ def _masked(tokens: list[torch.Tensor], length: int | None) -> tuple[torch.Tenso
     return padded, torch.arange(padded.shape[1]) < lengths[:, None]
 
 
-def static_collate(batch):
-    """The tokenizer's padding="max_length": every batch padded to 512 with pad_sequence."""
-    ids, mask = _masked([b["input_ids"] for b in batch], MAX_LENGTH)
-    labels, _ = _masked([b["labels"] for b in batch], MAX_LENGTH)
+def _handwritten(batch, length: int | None):
+    ids, mask = _masked([b["input_ids"] for b in batch], length)
+    labels, _ = _masked([b["labels"] for b in batch], length)
     labels[~mask] = -100
     return {
         "input_ids": ids,
@@ -56,19 +55,16 @@ def static_collate(batch):
         "labels": labels,
         "label": torch.tensor([b["label"] for b in batch]),
     }
+
+
+def static_collate(batch):
+    """The tokenizer's padding="max_length": every batch padded to 512 with pad_sequence."""
+    return _handwritten(batch, MAX_LENGTH)
 
 
 def dynamic_collate(batch):
     """Hand-written dynamic padding: pad_sequence to the batch maximum, mask from lengths."""
-    ids, mask = _masked([b["input_ids"] for b in batch], None)
-    labels, _ = _masked([b["labels"] for b in batch], None)
-    labels[~mask] = -100
-    return {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "labels": labels,
-        "label": torch.tensor([b["label"] for b in batch]),
-    }
+    return _handwritten(batch, None)
 
 
 def torchfeed_collate(packed: bool = False) -> PadCollate:
