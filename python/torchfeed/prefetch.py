@@ -89,49 +89,44 @@ class DevicePrefetcher:
         if self.device.type != "cuda":
             if self.ring is not None:
                 batch = self.ring.stage(batch)
-            if self.transform is not None:
-                batch = self.transform(batch)
-            return batch, None
+            return self._transformed(batch), None
+        with torch.cuda.stream(self.stream):
+            on_device = self._transformed(self._copy(batch))
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return on_device, ready
+
+    def _transformed(self, batch: Any) -> Any:
+        return batch if self.transform is None else self.transform(batch)
+
+    def _copy(self, batch: Any) -> Any:
+        """Enqueues the batch's copy to the device on the prefetch stream (the current one)."""
         shared = getattr(self.loader, "shared_ring", None)
         if shared is not None and shared.pinned:
             # Zero copy: the workers wrote the batch into page-locked shared memory. Copy it as it
             # is and fence its region; staging it again would only add a copy.
-            with torch.cuda.stream(self.stream):
-                on_device = map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
-                for t in tensors_of(batch):
-                    if shared.contains(t):
-                        shared.record(t, self.stream)
-                if self.transform is not None:
-                    on_device = self.transform(on_device)
-                ready = torch.cuda.Event()
-                ready.record(self.stream)
-            return on_device, ready
+            on_device = map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
+            for t in tensors_of(batch):
+                if shared.contains(t):
+                    shared.record(t, self.stream)
+            return on_device
         ring = self._ring_for(batch)
-        with torch.cuda.stream(self.stream):
-            staged = None
-            if ring is not None:
-                try:
-                    staged = ring.stage(batch)
-                except ValueError:  # larger than the whole ring: copy without it, warn once
-                    if not self._warned_oversize:
-                        self._warned_oversize = True
-                        warnings.warn(
-                            "DevicePrefetcher: a batch is larger than the pinned ring "
-                            f"({ring.capacity} bytes); such batches are copied from pageable "
-                            "memory",
-                            RuntimeWarning,
-                            stacklevel=2,
-                        )
+        if ring is not None:
+            try:
+                staged = ring.stage(batch)
+            except ValueError:  # larger than the whole ring: copy without it, warn once
+                staged = None
+                if not self._warned_oversize:
+                    self._warned_oversize = True
+                    warnings.warn(
+                        f"DevicePrefetcher: a batch is larger than the pinned ring "
+                        f"({ring.capacity} bytes); such batches are copied from pageable memory",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
             if staged is not None:
-                on_device = ring.to_device(staged, self.device, stream=self.stream)
-            else:
-                on_device = map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
-            del staged
-            if self.transform is not None:
-                on_device = self.transform(on_device)
-            ready = torch.cuda.Event()
-            ready.record(self.stream)
-        return on_device, ready
+                return ring.to_device(staged, self.device, stream=self.stream)
+        return map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
 
 
 class _Producer:

@@ -37,6 +37,23 @@ def map_tensors(
     return obj
 
 
+def field_layout(leaves: list[Any], nbytes: Callable[[Any], int]) -> tuple[dict[int, int], int]:
+    """Where each leaf of a batch starts in one block (each on a cache line; a leaf that occurs
+    twice is placed once), and the block's size."""
+    offsets: dict[int, int] = {}
+    total = 0
+    for leaf in leaves:
+        if id(leaf) not in offsets:
+            offsets[id(leaf)] = total
+            total += -(-nbytes(leaf) // _FIELD_ALIGN) * _FIELD_ALIGN
+    return offsets, total
+
+
+def carve(block: Tensor, start: int, nbytes: int, dtype: torch.dtype, shape) -> Tensor:
+    """The tensor of ``dtype`` and ``shape`` stored at ``block[start : start + nbytes]``."""
+    return block[start : start + nbytes].view(dtype).view(tuple(shape))
+
+
 def tensors_of(obj: Any) -> list[Tensor]:
     found: list[Tensor] = []
 
@@ -116,22 +133,15 @@ class PinnedRing:
         structure viewing ring memory (``is_pinned()`` on a GPU machine). Tensors already on a
         device are left as they are."""
         leaves = [t for t in tensors_of(batch) if t.device.type == "cpu"]
-        offsets: dict[int, int] = {}
-        total = 0
-        for t in leaves:
-            if id(t) in offsets:
-                continue
-            offsets[id(t)] = total
-            total += -(-t.numel() * t.element_size() // _FIELD_ALIGN) * _FIELD_ALIGN
         if not leaves:
             return batch
+        offsets, total = field_layout(leaves, lambda t: t.nbytes)
         block = self.allocate(total, timeout)
 
         def place(t: Tensor) -> Tensor:
             if t.device.type != "cpu":
                 return t
-            start = offsets[id(t)]
-            view = block[start : start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            view = carve(block, offsets[id(t)], t.nbytes, t.dtype, t.shape)
             view.copy_(t)
             return view
 

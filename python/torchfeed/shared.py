@@ -19,9 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, get_worker_info
 
-from torchfeed.ring import map_tensors, tensors_of
-
-_FIELD_ALIGN = 64
+from torchfeed.ring import carve, field_layout, map_tensors, tensors_of
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ class Lazy:
         n = 1
         for d in self.shape:
             n *= d
-        return n * torch.empty(0, dtype=self.dtype).element_size()
+        return n * self.dtype.itemsize
 
 
 def concat(parts: list[Tensor]) -> Lazy:
@@ -179,13 +177,7 @@ class SharedRing:
         with a one-time warning."""
         leaves: list[Any] = []
         map_tensors(batch, leaves.append, _is_leaf)
-        layout: dict[int, int] = {}
-        total = 0
-        for leaf in leaves:
-            if id(leaf) not in layout:
-                layout[id(leaf)] = total
-                nbytes = _nbytes(leaf)
-                total += -(-nbytes // _FIELD_ALIGN) * _FIELD_ALIGN
+        layout, total = field_layout(leaves, _nbytes)
         try:
             slot, generation, offset = self._ring.acquire(
                 total, self.timeout if timeout is None else timeout
@@ -205,7 +197,7 @@ class SharedRing:
 
             def place(leaf: Any) -> _Spec:
                 start, nbytes = layout[id(leaf)], _nbytes(leaf)
-                view = region[start : start + nbytes].view(leaf.dtype).view(tuple(leaf.shape))
+                view = carve(region, start, nbytes, leaf.dtype, leaf.shape)
                 if isinstance(leaf, Lazy):
                     leaf.fill(view if leaf.permute is None else view.permute(*leaf.permute))
                     return _Spec(start, nbytes, leaf.dtype, leaf.shape, leaf.permute)
@@ -225,7 +217,7 @@ class SharedRing:
         region = self._ring.view(handle.slot, handle.generation, handle.nbytes)
 
         def view(spec: _Spec) -> Tensor:
-            t = region[spec.offset : spec.offset + spec.nbytes].view(spec.dtype).view(spec.shape)
+            t = carve(region, spec.offset, spec.nbytes, spec.dtype, spec.shape)
             return t if spec.permute is None else t.permute(*spec.permute)
 
         return map_tensors(handle.tree, view, lambda x: isinstance(x, _Spec))
@@ -242,9 +234,7 @@ def _attach(owner: int, fd: int, timeout: float) -> SharedRing:
 
 
 def _nbytes(leaf: Any) -> int:
-    if isinstance(leaf, Lazy):
-        return leaf.nbytes
-    return leaf.numel() * leaf.element_size()
+    return leaf.nbytes
 
 
 def _materialize(leaf: Any) -> Tensor:
