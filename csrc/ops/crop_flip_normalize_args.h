@@ -67,6 +67,15 @@ inline std::vector<ChannelAffine> channel_affine(at::ArrayRef<double> mean,
   return a;
 }
 
+// The arguments the ops take besides the images, checked by checked_dense/checked_list.
+struct OpArgs {
+  const at::Tensor& grid;
+  const at::Tensor& flips;
+  int64_t interpolation;
+  at::ArrayRef<double> mean, std;
+  const at::Tensor& out;
+};
+
 // Descriptors of a dense batch [B, C, H, W].
 inline std::vector<ImageDesc> describe_dense(const char* op, const at::Tensor& images) {
   check_image(op, "images", images);
@@ -83,6 +92,7 @@ inline std::vector<ImageDesc> describe_dense(const char* op, const at::Tensor& i
 
 // Descriptors of a list of images [C, H_i, W_i] of one channel count on one device.
 inline std::vector<ImageDesc> describe_list(const char* op, at::TensorList images) {
+  TORCH_CHECK_VALUE(!images.empty(), op, ": images must hold at least one image, got none");
   std::vector<ImageDesc> d(images.size());
   for (size_t b = 0; b < images.size(); ++b) {
     const at::Tensor& im = images[b];
@@ -97,6 +107,24 @@ inline std::vector<ImageDesc> describe_list(const char* op, at::TensorList image
                      im.stride(0),           im.stride(1), im.stride(2)};
   }
   return d;
+}
+
+// Every check of an op on a dense batch; its image descriptors.
+inline std::vector<ImageDesc> checked_dense(const char* op, const at::Tensor& images,
+                                            const OpArgs& a) {
+  std::vector<ImageDesc> descs = describe_dense(op, images);
+  check_common(op, images.size(0), images.size(1), images.device(), a.grid, a.flips,
+               a.interpolation, a.mean, a.std, a.out);
+  return descs;
+}
+
+// Every check of an op on a list of images; their descriptors.
+inline std::vector<ImageDesc> checked_list(const char* op, at::TensorList images,
+                                           const OpArgs& a) {
+  std::vector<ImageDesc> descs = describe_list(op, images);
+  check_common(op, static_cast<int64_t>(images.size()), images[0].size(0), images[0].device(),
+               a.grid, a.flips, a.interpolation, a.mean, a.std, a.out);
+  return descs;
 }
 
 // The launch shape of the two-pass kernel for these images and this output.

@@ -51,10 +51,8 @@ void emulate_crop_flip_normalize_list_out(at::TensorList images, const at::Tenso
                                           bool antialias, at::ArrayRef<double> mean,
                                           at::ArrayRef<double> std, at::Tensor& out) {
   constexpr const char* op = "_emulate_cuda_crop_flip_normalize_list";
-  TORCH_CHECK_VALUE(!images.empty(), op, ": images must hold at least one image, got none");
-  const std::vector<cfn::ImageDesc> descs = cfn::describe_list(op, images);
-  cfn::check_common(op, static_cast<int64_t>(images.size()), images[0].size(0),
-                    images[0].device(), grid, flips, interpolation, mean, std, out);
+  const std::vector<cfn::ImageDesc> descs =
+      cfn::checked_list(op, images, {grid, flips, interpolation, mean, std, out});
   if (out.numel() == 0) return;
   const cfn::LaunchShape p = cfn::launch_shape(descs, out, interpolation, antialias);
   const std::vector<cfn::ChannelAffine> affine = cfn::channel_affine(mean, std);

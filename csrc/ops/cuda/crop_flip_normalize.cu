@@ -106,9 +106,8 @@ void crop_flip_normalize_out_cuda(const at::Tensor& images,  // [B, C, H, W] uin
                                   at::ArrayRef<double> mean, at::ArrayRef<double> std,
                                   at::Tensor& out) {  // [B, C, H_out, W_out] float
   constexpr const char* op = "crop_flip_normalize";
-  const std::vector<ImageDesc> descs = cfn::describe_dense(op, images);
-  cfn::check_common(op, images.size(0), images.size(1), images.device(), grid, flips,
-                    interpolation, mean, std, out);
+  const std::vector<cfn::ImageDesc> descs =
+      cfn::checked_dense(op, images, {grid, flips, interpolation, mean, std, out});
   run(descs, grid, flips, interpolation, antialias, mean, std, out);
 }
 
@@ -118,10 +117,8 @@ void crop_flip_normalize_list_out_cuda(at::TensorList images,  // B x [C, H_i, W
                                        at::ArrayRef<double> mean, at::ArrayRef<double> std,
                                        at::Tensor& out) {
   constexpr const char* op = "crop_flip_normalize_list";
-  TORCH_CHECK_VALUE(!images.empty(), op, ": images must hold at least one image, got none");
-  const std::vector<ImageDesc> descs = cfn::describe_list(op, images);
-  cfn::check_common(op, static_cast<int64_t>(images.size()), images[0].size(0),
-                    images[0].device(), grid, flips, interpolation, mean, std, out);
+  const std::vector<cfn::ImageDesc> descs =
+      cfn::checked_list(op, images, {grid, flips, interpolation, mean, std, out});
   run(descs, grid, flips, interpolation, antialias, mean, std, out);
 }
 
