@@ -7,6 +7,9 @@
 #include "common/cpu_isa.h"
 #include "memory/pinned_ring.h"
 #include "memory/shared_ring.h"
+#ifdef TORCHFEED_WITH_JPEG
+#include "io/jpeg.h"
+#endif
 
 namespace {
 
@@ -22,6 +25,11 @@ pybind11::dict build_info() {
   info["cuda_compiled"] = false;
   info["cuda_version"] = pybind11::none();
   info["cuda_archs"] = "";
+#endif
+#ifdef TORCHFEED_WITH_JPEG
+  info["jpeg"] = torchfeed::io::jpeg_library_version();
+#else
+  info["jpeg"] = pybind11::none();
 #endif
   return info;
 }
@@ -46,6 +54,17 @@ PYBIND11_MODULE(_C, m) {
                                                                  : torchfeed::CpuIsa::kBaseline));
       },
       "Caps the CPU kernels' instruction set (for tests); returns the one now in use.");
+
+#ifdef TORCHFEED_WITH_JPEG
+  m.def(
+      "jpeg_info",
+      [](const at::Tensor& data) {
+        const torchfeed::io::JpegInfo i = torchfeed::io::jpeg_info(data);
+        return pybind11::make_tuple(i.height, i.width, i.components, i.rgb_decodable);
+      },
+      pybind11::arg("data"),
+      "(height, width, components, rgb_decodable) from a JPEG's header, without decoding.");
+#endif
 
   using torchfeed::PinnedRing;
   pybind11::register_exception<torchfeed::RingTimeoutError>(m, "RingTimeoutError",

@@ -26,6 +26,13 @@ TORCH_LIBRARY(torchfeed, m) {
       "crop_flip_normalize_list_out(Tensor[] images, Tensor grid, Tensor flips, "
       "int interpolation, bool antialias, float[] mean, float[] std, Tensor(a!) out) -> ()");
 
+#ifdef TORCHFEED_WITH_JPEG
+  // Encoded JPEG bytes (uint8 [N]) -> the RGB pixels of one window, uint8 [3, height, width] in
+  // HWC memory order (as torchvision's decode_jpeg returns); decodes only what the window needs
+  // (io/jpeg.cpp). Built only with libjpeg-turbo.
+  m.def("decode_jpeg_window(Tensor data, int top, int left, int height, int width) -> Tensor");
+#endif
+
   // Test hooks: the CUDA kernels' thread bodies run serially on the CPU (ops/cpu/cuda_emulation.cpp).
   m.def(
       "_emulate_cuda_pad_packed(Tensor values, Tensor offsets, SymInt length, Scalar pad_value=0, "

@@ -1,0 +1,213 @@
+// Crop-window JPEG decoding with libjpeg-turbo: only the rows and columns of a window are
+// inverse-transformed, upsampled and colour-converted; decoding stops after the window's last
+// row. The window's pixels are bit-identical to a full decode sliced afterwards (tests check this
+// against torchvision's decoder): the decoder works on a margin of one iMCU around the window so
+// that chroma upsampling at the window's edges sees the same neighbours as in a full decode.
+//
+// Compiled only when CMake finds libjpeg-turbo >= 1.5 (jpeg_crop_scanline); without it the
+// Python side decodes the whole image with torchvision and slices.
+#include "io/jpeg.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <csetjmp>
+#include <cstdio>
+#include <vector>
+
+// jpeglib.h needs size_t and FILE declared first.
+#include <jpeglib.h>
+#include <jerror.h>
+
+namespace torchfeed::io {
+namespace {
+
+struct ErrorManager {
+  jpeg_error_mgr pub;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+[[noreturn]] void on_error(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+// Warnings about corrupt but decodable data are not printed: the image is returned, as
+// torchvision returns it. Running out of data is an error, as in torchvision (libjpeg's memory
+// source would otherwise pad the rest of the image with grey): a file cut short inside or above
+// the window raises; one cut short below it gives the window, whose pixels are all there.
+void on_message(j_common_ptr cinfo, int level) {
+  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) {
+    on_error(cinfo);
+  }
+}
+
+// One decompressor. Every libjpeg call runs inside one of the static functions below, which set
+// the jump target first and hold only trivially destructible locals, so a longjmp out of libjpeg
+// never skips a destructor.
+struct Decoder {
+  jpeg_decompress_struct cinfo{};
+  ErrorManager err{};
+  bool created = false;
+
+  Decoder() {
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error;
+    err.pub.output_message = [](j_common_ptr) {};
+    err.pub.emit_message = on_message;
+    err.message[0] = '\0';
+  }
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+  ~Decoder() {
+    if (created) {
+      jpeg_destroy_decompress(&cinfo);
+    }
+  }
+};
+
+bool read_header(Decoder& d, const uint8_t* data, size_t size) {
+  if (setjmp(d.err.jump)) {
+    return false;
+  }
+  jpeg_create_decompress(&d.cinfo);
+  d.created = true;
+  jpeg_mem_src(&d.cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&d.cinfo, TRUE);
+  return true;
+}
+
+struct Window {
+  int64_t top, left, height, width;
+};
+
+// Decodes rows [top, top + height) and columns [left, left + width) into `out` (HWC, RGB).
+// `row` has room for `rows_at_once` full-width RGB rows.
+bool read_window(Decoder& d, Window w, uint8_t* out, uint8_t* row, int rows_at_once) {
+  if (setjmp(d.err.jump)) {
+    return false;
+  }
+  jpeg_decompress_struct& c = d.cinfo;
+  c.out_color_space = JCS_RGB;
+  jpeg_start_decompress(&c);
+  const int64_t image_w = c.output_width;
+  const int64_t imcu_w = int64_t{c.max_h_samp_factor} * DCTSIZE;
+  const int64_t imcu_h = int64_t{c.max_v_samp_factor} * DCTSIZE;
+  // Columns: a margin of one iMCU each side; jpeg_crop_scanline widens to iMCU boundaries.
+  const int64_t x0 = std::max<int64_t>(0, w.left - imcu_w);
+  const int64_t x1 = std::min(image_w, w.left + w.width + imcu_w);
+  JDIMENSION xoffset = static_cast<JDIMENSION>(x0);
+  JDIMENSION xwidth = static_cast<JDIMENSION>(x1 - x0);
+  if (xwidth < c.output_width) {
+    jpeg_crop_scanline(&c, &xoffset, &xwidth);
+  } else {
+    xoffset = 0;
+  }
+  // Rows: skip whole iMCU rows up to one iMCU row above the window, decode (and drop) the
+  // margin, then the window; nothing below it is decoded.
+  const int64_t y0 = std::max<int64_t>(0, (w.top - imcu_h) / imcu_h * imcu_h);
+  if (y0 > 0) {
+    jpeg_skip_scanlines(&c, static_cast<JDIMENSION>(y0));
+  }
+  const int64_t row_bytes = int64_t{xwidth} * 3;
+  const int64_t skip_cols = (w.left - int64_t{xoffset}) * 3;
+  const int64_t out_row_bytes = w.width * 3;
+  JSAMPROW rows[16];
+  for (int i = 0; i < rows_at_once; ++i) {
+    rows[i] = row + i * row_bytes;
+  }
+  int64_t y = c.output_scanline;
+  const int64_t end = w.top + w.height;
+  while (y < end) {
+    const int64_t want = std::min<int64_t>(rows_at_once, end - y);
+    const int64_t got = jpeg_read_scanlines(&c, rows, static_cast<JDIMENSION>(want));
+    for (int64_t i = 0; i < got; ++i) {
+      const int64_t r = y + i;
+      if (r >= w.top) {
+        std::copy_n(rows[i] + skip_cols, out_row_bytes, out + (r - w.top) * out_row_bytes);
+      }
+    }
+    if (got == 0) {  // cannot happen with a memory source (it raises at the end of data)
+      std::snprintf(d.err.message, sizeof(d.err.message), "no rows decoded at row %lld",
+                    static_cast<long long>(y));
+      jpeg_abort_decompress(&c);
+      return false;
+    }
+    y += got;
+  }
+  jpeg_abort_decompress(&c);
+  return true;
+}
+
+const uint8_t* checked_data(const at::Tensor& data, const char* fn) {
+  TORCH_CHECK_VALUE(data.device().is_cpu(), fn, ": data must be a CPU tensor, got ", data.device());
+  TORCH_CHECK_TYPE(data.scalar_type() == at::kByte, fn,
+                   ": data must be uint8 (the encoded file's bytes), got ", data.scalar_type());
+  TORCH_CHECK_VALUE(data.dim() == 1 && data.is_contiguous(), fn,
+                    ": data must be a contiguous 1-D tensor of bytes, got shape ", data.sizes());
+  TORCH_CHECK_VALUE(data.numel() > 0, fn, ": data is empty (0 bytes)");
+  return data.data_ptr<uint8_t>();
+}
+
+bool supported(J_COLOR_SPACE space) {
+  return space == JCS_GRAYSCALE || space == JCS_YCbCr || space == JCS_RGB;
+}
+
+}  // namespace
+
+JpegInfo jpeg_info(const at::Tensor& data) {
+  const uint8_t* bytes = checked_data(data, "jpeg_info");
+  Decoder d;
+  TORCH_CHECK(read_header(d, bytes, data.numel()), "jpeg_info: not a readable JPEG: ",
+              d.err.message);
+  return {d.cinfo.image_height, d.cinfo.image_width, d.cinfo.num_components,
+          supported(d.cinfo.jpeg_color_space)};
+}
+
+at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t left,
+                                  int64_t height, int64_t width) {
+  const uint8_t* bytes = checked_data(data, "decode_jpeg_window");
+  Decoder d;
+  TORCH_CHECK(read_header(d, bytes, data.numel()), "decode_jpeg_window: not a readable JPEG: ",
+              d.err.message);
+  const int64_t image_h = d.cinfo.image_height;
+  const int64_t image_w = d.cinfo.image_width;
+  TORCH_CHECK_VALUE(supported(d.cinfo.jpeg_color_space),
+                    "decode_jpeg_window: colour space ", static_cast<int>(d.cinfo.jpeg_color_space),
+                    " (CMYK/YCCK) cannot be decoded to RGB here; decode the whole image instead");
+  TORCH_CHECK_VALUE(height >= 1 && width >= 1,
+                    "decode_jpeg_window: the window's height and width must be >= 1, got ", height,
+                    " x ", width);
+  TORCH_CHECK_VALUE(top >= 0 && left >= 0 && top + height <= image_h && left + width <= image_w,
+                    "decode_jpeg_window: window (top ", top, ", left ", left, ", height ", height,
+                    ", width ", width, ") must lie inside the ", image_h, " x ", image_w,
+                    " image");
+  // HWC memory, returned as a CHW view: the order torchvision's decoder returns.
+  at::Tensor out = at::empty({height, width, 3}, data.options());
+  const int rows_at_once = std::clamp(d.cinfo.max_v_samp_factor * DCTSIZE, 1, 16);
+  // jpeg_crop_scanline never widens past the image
+  std::vector<uint8_t> row(static_cast<size_t>(image_w) * 3 * rows_at_once);
+  TORCH_CHECK(read_window(d, {top, left, height, width}, out.data_ptr<uint8_t>(), row.data(),
+                          rows_at_once),
+              "decode_jpeg_window: corrupt JPEG: ", d.err.message);
+  return out.permute({2, 0, 1});
+}
+
+std::string jpeg_library_version() {
+#ifdef LIBJPEG_TURBO_VERSION
+#define TORCHFEED_STR2(x) #x
+#define TORCHFEED_STR(x) TORCHFEED_STR2(x)
+  return "libjpeg-turbo " TORCHFEED_STR(LIBJPEG_TURBO_VERSION);
+#else
+  return "libjpeg " + std::to_string(JPEG_LIB_VERSION);
+#endif
+}
+
+}  // namespace torchfeed::io
+
+TORCH_LIBRARY_IMPL(torchfeed, CPU, m) {
+  m.impl("decode_jpeg_window", &torchfeed::io::decode_jpeg_window_cpu);
+}

@@ -1,0 +1,28 @@
+// Crop-window JPEG decoding (io/jpeg.cpp), built when libjpeg-turbo is found.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+namespace torchfeed::io {
+
+struct JpegInfo {
+  int64_t height;
+  int64_t width;
+  int64_t components;
+  bool rgb_decodable;  // grayscale, YCbCr or RGB (not CMYK/YCCK)
+};
+
+// Reads the header only. Raises if `data` is not a readable JPEG.
+JpegInfo jpeg_info(const at::Tensor& data);
+
+// The RGB pixels of rows [top, top + height) and columns [left, left + width): uint8
+// [3, height, width] in HWC memory order.
+at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t left,
+                                  int64_t height, int64_t width);
+
+std::string jpeg_library_version();
+
+}  // namespace torchfeed::io
