@@ -18,7 +18,10 @@ from torchfeed.transforms import (
     OutputBuffer,
     RandomResizedCropFlipNormalize,
     ResizeCenterCropNormalize,
+    ResizeFlipNormalize,
+    crop_flip_normalize,
     grid_from_boxes,
+    resized_crop_box,
     sample_flips,
     sample_resized_crop_params,
 )
@@ -346,6 +349,30 @@ def test_sampler_fallback_is_torchvisions_center_crop(size):
         assert ours[0].tolist() == [0, 0, 50, 50]
 
 
+@pytest.mark.parametrize(
+    ("scale", "ratio"),
+    [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.99, 1.0), (1.0, 1.0)), ((0.5, 0.5), (2.0, 3.0))],
+)
+def test_scalar_sampler_draws_what_the_batch_sampler_draws(scale, ratio):
+    """The same generator state gives the same box, fallback included (the second and third
+    cases never fit most images)."""
+    g = torch.Generator().manual_seed(0)
+    sizes = [*torch.randint(1, 700, (400, 2), generator=g).tolist(), [1, 1], [1, 500], [500, 1]]
+    a, b = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    for h, w in sizes:
+        want = sample_resized_crop_params([(h, w)], scale, ratio, generator=a)[0].tolist()
+        assert list(resized_crop_box(h, w, scale, ratio, generator=b)) == want, (h, w)
+
+
+def test_scalar_sampler_errors():
+    with pytest.raises(ValueError, match=r"the image must be at least 1 x 1, got 0 x 5"):
+        resized_crop_box(0, 5)
+    with pytest.raises(ValueError, match=r"scale must be \(min, max\) with min <= max"):
+        resized_crop_box(5, 5, scale=(1.0, 0.5))
+    with pytest.raises(ValueError, match="ratio values must be > 0"):
+        resized_crop_box(5, 5, ratio=(-1.0, 1.0))
+
+
 def test_flip_probability():
     flips = sample_flips(20000, 0.3, torch.Generator().manual_seed(0))
     assert abs(flips.double().mean().item() - 0.3) < 4 * math.sqrt(0.3 * 0.7 / 20000)
@@ -438,6 +465,62 @@ def test_transform_keeps_device(device):
     images = [i.to(device) for i in images_of([(40, 50), (30, 30)])]
     out = RandomResizedCropFlipNormalize(12, mean=MEAN, std=STD)(images)
     assert out.device.type == device
+
+
+def test_resize_flip_normalize_is_the_crop_transform_on_whole_images(isa):
+    """The second half of RandomResizedCropFlipNormalize: on crops already cut out it gives what
+    the crop transform gives on the full images (and torchvision's float path)."""
+    sizes, boxes = boxes_cases()
+    images = images_of(sizes, seed=21)
+    crops = [i[:, y : y + h, x : x + w] for i, (y, x, h, w) in zip(images, boxes, strict=True)]
+    t = ResizeFlipNormalize((40, 36), p_flip=0.5, mean=MEAN, std=STD, return_params=True,
+                            generator=torch.Generator().manual_seed(1))  # fmt: skip
+    out, params = t(crops)
+    flips = params["flips"]
+    assert set(params) == {"flips"} and 0 < int(flips.sum()) < len(crops)
+    want = crop_flip_normalize(images, torch.tensor(boxes), flips, (40, 36), mean=MEAN, std=STD)
+    assert (out - want).abs().max().item() <= 1e-5
+    whole = [(0, 0, c.shape[1], c.shape[2]) for c in crops]
+    ref = tv_float(crops, whole, flips.tolist(), (40, 36), "bilinear", True)
+    assert (out - ref).abs().max().item() <= 1e-4
+
+
+def test_resize_flip_normalize_targets_and_options():
+    images = images_of([(60, 80), (90, 70)], seed=22)
+    masks = [tv_tensors.Mask(torch.randint(0, 2, (1, h, w), dtype=torch.uint8))
+             for h, w in [(60, 80), (90, 70)]]  # fmt: skip
+    t = ResizeFlipNormalize(32, p_flip=1.0, mean=MEAN, std=STD, dtype=torch.bfloat16,
+                            channels_last=True)  # fmt: skip
+    out, targets = t((images, masks))
+    assert out.shape == (2, 3, 32, 32) and out.dtype == torch.bfloat16
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    for mask, got in zip(masks, targets, strict=True):
+        want = TF.horizontal_flip(
+            TF.resize(mask, [32, 32], interpolation=v2.InterpolationMode.NEAREST)
+        )
+        assert torch.equal(got, want)
+    hwc = ResizeFlipNormalize(16, p_flip=0.0, mean=MEAN, std=STD, image_layout="HWC")
+    dense = torch.stack(images_of([(20, 30)] * 2))
+    chw = ResizeFlipNormalize(16, p_flip=0.0, mean=MEAN, std=STD)
+    assert torch.equal(hwc(dense.permute(0, 2, 3, 1)), chw(list(dense)))
+    clone = pickle.loads(pickle.dumps(t))
+    assert clone.size == (32, 32) and clone.p_flip == 1.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(p_flip=-0.1), ValueError, r"p_flip must be in \[0, 1\]"),
+        (dict(generator="seed"), TypeError, "generator must be a torch.Generator"),
+        (dict(size=0), ValueError, "size must be positive"),
+        (dict(std=(1.0, 1.0, 0.0)), ValueError, r"std\[2\] is 0"),
+    ],
+)
+def test_bad_resize_flip_normalize_configuration(kwargs, error, match):
+    base = dict(size=16, mean=MEAN, std=STD)
+    base.update(kwargs)
+    with pytest.raises(error, match=match):
+        ResizeFlipNormalize(**base)
 
 
 # --- output buffer reuse --------------------------------------------------------------------------
