@@ -1,0 +1,181 @@
+"""Decoding in the workers: decode only the part of an image that the random crop keeps.
+
+With ``RandomResizedCrop``'s default scale (0.08, 1) the crop covers about half of the image on
+average, yet the usual pipeline decodes every pixel and then throws the rest away. Here the
+worker reads the JPEG's header, draws the crop there (torchvision's algorithm), and libjpeg-turbo
+decodes just that window: rows below it are never decoded, and rows above it and columns beside
+it are only entropy-decoded. (NVIDIA DALI's ``decoders.image_random_crop`` does the same.) The
+window's pixels are bit-identical to a full decode sliced afterwards, so what follows (resize,
+flip, normalize: :class:`torchfeed.transforms.ResizeFlipNormalize`) gives exactly the result of
+the usual ``RandomResizedCrop`` on the full image.
+
+Crop-window decoding needs the extension built with libjpeg-turbo (``build_info()["jpeg"]``).
+Without it, and for files it cannot decode that way (PNG and other formats, CMYK JPEGs), the
+whole image is decoded with torchvision and the window sliced out: the same pixels, more work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torchvision.io import ImageReadMode, decode_image
+
+from torchfeed import _C
+from torchfeed.transforms import _check_generator, _check_range, resized_crop_box
+
+Box = tuple[int, int, int, int]
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+# Built with libjpeg-turbo (tests switch it off to check the fallback).
+WINDOW_DECODER = hasattr(_C, "jpeg_info")
+
+
+def as_encoded(data: Any, name: str = "data") -> Tensor:
+    """An encoded file as a contiguous 1-D uint8 CPU tensor: from such a tensor (what
+    ``torchvision.io.read_file`` returns), ``bytes``, ``bytearray``, ``memoryview`` or a 1-D
+    uint8 numpy array. Shares memory where it can (writable, contiguous buffers); copies
+    read-only ones (``bytes``), which a tensor cannot wrap safely."""
+    if isinstance(data, Tensor):
+        if data.dtype != torch.uint8 or data.dim() != 1 or data.device.type != "cpu":
+            raise TypeError(
+                f"{name} must be a 1-D uint8 CPU tensor of encoded bytes, got {data.dtype} "
+                f"shape {list(data.shape)} on {data.device}"
+            )
+        if data.numel() == 0:
+            raise ValueError(f"{name} is empty (0 bytes)")
+        return data.contiguous()
+    if isinstance(data, np.ndarray):
+        if data.dtype != np.uint8 or data.ndim != 1:
+            raise TypeError(
+                f"{name} must be a 1-D uint8 array of encoded bytes, got {data.dtype} "
+                f"shape {list(data.shape)}"
+            )
+        if data.size == 0:
+            raise ValueError(f"{name} is empty (0 bytes)")
+        if not data.flags.writeable:  # torch tensors cannot be read-only: copy
+            return torch.from_numpy(data.copy())
+        return torch.from_numpy(np.ascontiguousarray(data))
+    if isinstance(data, bytes | bytearray | memoryview):
+        view = memoryview(data)
+        if view.nbytes == 0:
+            raise ValueError(f"{name} is empty (0 bytes)")
+        if view.readonly or not view.c_contiguous:  # bytes, read-only or strided views: copy
+            return torch.frombuffer(bytearray(view.tobytes()), dtype=torch.uint8)
+        return torch.frombuffer(view.cast("B"), dtype=torch.uint8)
+    raise TypeError(
+        f"{name} must be encoded bytes (a uint8 tensor, bytes, bytearray, memoryview or numpy "
+        f"array), got {type(data).__name__}"
+    )
+
+
+def _jpeg_header(data: Tensor) -> tuple[int, int] | None:
+    """(height, width) when the window decoder can decode ``data``, else None."""
+    if not WINDOW_DECODER or data.numel() < 4 or bytes(data[:3].tolist()) != _JPEG_MAGIC:
+        return None
+    try:
+        height, width, _, rgb_decodable = _C.jpeg_info(data)
+    except RuntimeError:
+        return None  # unreadable header: torchvision's decoder gives the error
+    return (height, width) if rgb_decodable else None
+
+
+def _decode_whole(data: Tensor) -> Tensor:
+    return decode_image(data, mode=ImageReadMode.RGB)
+
+
+def _check_box(box: Any, height: int, width: int) -> Box:
+    if not isinstance(box, Sequence | Tensor) or len(box) != 4:
+        raise ValueError(f"box must be (top, left, height, width), got {box!r}")
+    top, left, h, w = (int(v) for v in (box.tolist() if isinstance(box, Tensor) else box))
+    if h < 1 or w < 1:
+        raise ValueError(f"box's height and width must be >= 1, got {h} x {w}")
+    if top < 0 or left < 0 or top + h > height or left + w > width:
+        raise ValueError(
+            f"box (top {top}, left {left}, height {h}, width {w}) must lie inside the "
+            f"{height} x {width} image"
+        )
+    return top, left, h, w
+
+
+def _slice_window(image: Tensor, box: Box) -> Tensor:
+    """The window of a whole decoded image, copied into HWC memory order (the window decoder's
+    and torchvision's decoder's order), so ragged collation stays a plain copy."""
+    top, left, h, w = _check_box(box, image.shape[1], image.shape[2])
+    hwc = image.permute(1, 2, 0)[top : top + h, left : left + w]
+    return hwc.contiguous().permute(2, 0, 1)
+
+
+def image_size(data: Any) -> tuple[int, int]:
+    """(height, width) of an encoded image. JPEGs: from the header alone; other formats are
+    decoded to find out."""
+    data = as_encoded(data)
+    header = _jpeg_header(data)
+    if header is not None:
+        return header
+    image = _decode_whole(data)
+    return int(image.shape[1]), int(image.shape[2])
+
+
+def decode_window(data: Any, box: Sequence[int] | Tensor) -> Tensor:
+    """The RGB pixels of ``box`` = (top, left, height, width) of an encoded image: uint8
+    ``[3, height, width]`` (HWC memory order, as torchvision's decoder returns). For JPEGs only
+    the window is decoded; the result equals ``decode_image(data, RGB)[:, top:top+height,
+    left:left+width]`` exactly."""
+    data = as_encoded(data)
+    header = _jpeg_header(data)
+    if header is None:
+        return _slice_window(_decode_whole(data), box)
+    top, left, h, w = _check_box(box, *header)
+    return torch.ops.torchfeed.decode_jpeg_window(data, top, left, h, w)
+
+
+class DecodeRandomCrop:
+    """A per-sample transform for the workers: encoded bytes in, the RGB pixels of a random crop
+    out (uint8 ``[3, h, w]``), drawn with torchvision's ``RandomResizedCrop`` algorithm
+    (``scale``, ``ratio``) and decoded alone (see the module's docstring). Resize, flip and
+    normalize the batch afterwards with :class:`torchfeed.transforms.ResizeFlipNormalize`; the
+    two together equal ``RandomResizedCrop -> RandomHorizontalFlip -> ToDtype -> Normalize``.
+
+    Draws from ``generator``, else from torch's global generator, which the DataLoader seeds
+    apart in each worker (and :func:`torchfeed.data.seed_worker` per rank too). With
+    ``return_box=True`` it returns ``(window, (top, left, height, width))``, for targets that
+    must follow the crop."""
+
+    def __init__(
+        self,
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
+        generator: torch.Generator | None = None,
+        return_box: bool = False,
+    ) -> None:
+        self.scale = _check_range("scale", scale, positive=False)
+        self.ratio = _check_range("ratio", ratio, positive=True)
+        self.generator = _check_generator(generator)
+        self.return_box = bool(return_box)
+
+    def __call__(self, data: Any) -> Tensor | tuple[Tensor, Box]:
+        data = as_encoded(data)
+        header = _jpeg_header(data)
+        if header is None:
+            image = _decode_whole(data)
+            box = resized_crop_box(*image.shape[1:], self.scale, self.ratio, self.generator)
+            window = _slice_window(image, box)
+        else:
+            box = resized_crop_box(*header, self.scale, self.ratio, self.generator)
+            window = torch.ops.torchfeed.decode_jpeg_window(data, *box)
+        return (window, box) if self.return_box else window
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(scale={self.scale}, ratio={self.ratio})"
+
+
+if WINDOW_DECODER:
+
+    @torch.library.register_fake("torchfeed::decode_jpeg_window")
+    def _decode_jpeg_window_fake(data, top, left, height, width):
+        return data.new_empty((height, width, 3)).permute(2, 0, 1)

@@ -1,0 +1,359 @@
+"""torchfeed.io: crop-window decoding against torchvision's whole-image decoder, the fallback
+without libjpeg-turbo, DecodeRandomCrop in DataLoader workers, and every user error."""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision.io import ImageReadMode, decode_image
+
+import torchfeed
+import torchfeed.io as tio
+from torchfeed.io import DecodeRandomCrop, as_encoded, decode_window, image_size
+from torchfeed.transforms import resized_crop_box
+
+needs_window_decoder = pytest.mark.skipif(
+    not tio.WINDOW_DECODER, reason="built without libjpeg-turbo (build_info()['jpeg'] is None)"
+)
+
+
+def picture(h: int, w: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
+    """Smooth gradients plus noise: chroma varies across every block edge, so an upsampling
+    mistake at a window's edge shows."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    rgb = np.stack([(3 * x + y) % 256, (5 * y) % 256, (x * y // 7) % 256], -1)
+    rgb = (rgb + rng.integers(0, 48, rgb.shape)).clip(0, 255).astype(np.uint8)
+    return Image.fromarray(rgb).convert(mode)
+
+
+def encode(image: Image.Image, fmt: str = "JPEG", **options) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt, **options)
+    return buf.getvalue()
+
+
+# Every chroma subsampling libjpeg's encoder writes, progressive, restart markers, grayscale,
+# sizes that are not multiples of the 8/16-pixel blocks, and 1 x 1.
+JPEGS = {
+    "4:2:0": lambda: encode(picture(123, 157), quality=90, subsampling=2),
+    "4:2:2": lambda: encode(picture(131, 150, seed=1), quality=90, subsampling=1),
+    "4:4:4": lambda: encode(picture(97, 203, seed=2), quality=90, subsampling=0),
+    "progressive": lambda: encode(picture(200, 301, seed=3), quality=85, progressive=True),
+    "restart markers": lambda: encode(picture(150, 170, seed=4), quality=80, restart_marker_rows=1),
+    "grayscale": lambda: encode(picture(77, 91, "L", seed=5)),
+    "1x1": lambda: encode(picture(1, 1, seed=6)),
+    "1 row": lambda: encode(picture(1, 66, seed=7)),
+}
+
+
+def full_decode(data: bytes) -> torch.Tensor:
+    return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB)
+
+
+def random_boxes(height: int, width: int, n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        h, w = int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))
+        yield int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+
+
+def edge_boxes(height: int, width: int):
+    """The whole image, every corner, and 1-pixel strips along each border."""
+    yield 0, 0, height, width
+    for top in (0, height - 1):
+        for left in (0, width - 1):
+            yield top, left, 1, 1
+    yield 0, 0, 1, width
+    yield height - 1, 0, 1, width
+    yield 0, 0, height, 1
+    yield 0, width - 1, height, 1
+    yield height // 2, width // 2, height - height // 2, width - width // 2
+
+
+# --- the window's pixels are a full decode's pixels ----------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(JPEGS))
+def test_window_equals_full_decode_sliced(kind):
+    data = JPEGS[kind]()
+    full = full_decode(data)
+    height, width = full.shape[1:]
+    assert image_size(data) == (height, width)
+    for box in [*edge_boxes(height, width), *random_boxes(height, width, 60)]:
+        top, left, h, w = box
+        window = decode_window(data, box)
+        assert window.dtype == torch.uint8 and window.shape == (3, h, w), box
+        assert torch.equal(window, full[:, top : top + h, left : left + w]), (kind, box)
+        # HWC memory order, like torchvision's decoder: ragged collation stays one copy
+        assert window.permute(1, 2, 0).is_contiguous()
+
+
+@needs_window_decoder
+def test_the_window_decoder_is_the_one_used_for_jpegs(monkeypatch):
+    """Guards the test above: for JPEGs the op runs, not the torchvision fallback."""
+    monkeypatch.setattr(tio, "_decode_whole", None)  # any use of the fallback would raise
+    data = JPEGS["4:2:0"]()
+    assert decode_window(data, (10, 20, 30, 40)).shape == (3, 30, 40)
+    assert image_size(data) == (123, 157)
+
+
+@pytest.mark.parametrize("kind", ["cmyk", "png", "gray png", "rgba png"])
+def test_formats_the_window_decoder_does_not_take_fall_back_to_torchvision(kind):
+    data = {
+        "cmyk": lambda: encode(picture(50, 60, "CMYK")),
+        "png": lambda: encode(picture(40, 33), "PNG"),
+        "gray png": lambda: encode(picture(21, 35, "L"), "PNG"),
+        "rgba png": lambda: encode(picture(30, 30, "RGBA"), "PNG"),
+    }[kind]()
+    full = full_decode(data)
+    height, width = full.shape[1:]
+    assert image_size(data) == (height, width)
+    for top, left, h, w in [*edge_boxes(height, width), *random_boxes(height, width, 10)]:
+        window = decode_window(data, (top, left, h, w))
+        assert torch.equal(window, full[:, top : top + h, left : left + w])
+        assert window.permute(1, 2, 0).is_contiguous()
+
+
+def test_fallback_without_the_window_decoder(monkeypatch):
+    """A build without libjpeg-turbo: the same pixels, from torchvision's decoder."""
+    data = JPEGS["4:2:0"]()
+    full = full_decode(data)
+    monkeypatch.setattr(tio, "WINDOW_DECODER", False)
+    assert image_size(data) == (123, 157)
+    assert torch.equal(decode_window(data, (3, 4, 50, 60)), full[:, 3:53, 4:64])
+    crop = DecodeRandomCrop(generator=torch.Generator().manual_seed(1), return_box=True)
+    window, (top, left, h, w) = crop(data)
+    assert torch.equal(window, full[:, top : top + h, left : left + w])
+
+
+def test_build_info_names_the_jpeg_library():
+    jpeg = torchfeed.build_info()["jpeg"]
+    assert (jpeg is None) == (not tio.WINDOW_DECODER)
+    if jpeg is not None:
+        assert jpeg.startswith("libjpeg")
+
+
+# --- inputs ----------------------------------------------------------------------------------------
+
+
+def test_every_kind_of_encoded_input_gives_the_same_window():
+    data = JPEGS["4:4:4"]()
+    want = decode_window(data, (5, 6, 20, 30))
+    as_tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    strided = torch.zeros(2 * len(data), dtype=torch.uint8)
+    strided[::2] = as_tensor  # a non-contiguous view of the bytes
+    for variant in [
+        as_tensor,
+        strided[::2],
+        bytearray(data),
+        memoryview(data),
+        np.frombuffer(data, dtype=np.uint8),
+    ]:
+        assert torch.equal(decode_window(variant, (5, 6, 20, 30)), want)
+    arr = np.zeros(2 * len(data), dtype=np.uint8)
+    arr[::2] = np.frombuffer(data, dtype=np.uint8)
+    assert torch.equal(decode_window(arr[::2], (5, 6, 20, 30)), want)  # non-contiguous numpy
+    assert torch.equal(decode_window(data, torch.tensor([5, 6, 20, 30])), want)  # box as tensor
+
+
+def test_inputs_are_not_modified():
+    data = JPEGS["4:2:0"]()
+    tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    before = tensor.clone()
+    decode_window(tensor, (0, 0, 10, 10))
+    DecodeRandomCrop()(tensor)
+    assert torch.equal(tensor, before)
+
+
+def test_as_encoded_shares_memory_where_it_can():
+    tensor = torch.frombuffer(bytearray(JPEGS["1x1"]()), dtype=torch.uint8)
+    assert as_encoded(tensor).data_ptr() == tensor.data_ptr()
+    array = np.frombuffer(bytearray(JPEGS["1x1"]()), dtype=np.uint8)
+    assert as_encoded(array).data_ptr() == array.ctypes.data
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "match"),
+    [
+        ("a.jpg", TypeError, "data must be encoded bytes .* got str"),
+        (torch.zeros(4, dtype=torch.float32), TypeError, "data must be a 1-D uint8 CPU tensor"),
+        (torch.zeros(2, 4, dtype=torch.uint8), TypeError, r"data must be a 1-D .*shape \[2, 4\]"),
+        (np.zeros(4, dtype=np.int32), TypeError, "data must be a 1-D uint8 array"),
+        (b"", ValueError, r"data is empty \(0 bytes\)"),
+        (torch.zeros(0, dtype=torch.uint8), ValueError, r"data is empty \(0 bytes\)"),
+    ],
+)
+def test_bad_data(data, error, match):
+    with pytest.raises(error, match=match):
+        decode_window(data, (0, 0, 1, 1))
+    with pytest.raises(error, match=match):
+        image_size(data)
+    with pytest.raises(error, match=match):
+        DecodeRandomCrop()(data)
+
+
+@pytest.mark.parametrize("kind", ["4:2:0", "png"])
+@pytest.mark.parametrize(
+    ("box", "match"),
+    [
+        ((0, 0, 0, 5), r"box's height and width must be >= 1, got 0 x 5"),
+        ((0, 0, 5, -1), r"box's height and width must be >= 1, got 5 x -1"),
+        ((-1, 0, 5, 5), r"box \(top -1, left 0, height 5, width 5\) must lie inside the"),
+        ((0, 150, 5, 8), r"must lie inside the 123 x 157 image"),
+        ((100, 0, 24, 8), r"must lie inside the 123 x 157 image"),
+        ((0, 0, 5), r"box must be \(top, left, height, width\), got \(0, 0, 5\)"),
+        (7, r"box must be \(top, left, height, width\), got 7"),
+    ],
+)
+def test_bad_box(kind, box, match):
+    data = encode(picture(123, 157), "PNG") if kind == "png" else JPEGS[kind]()
+    with pytest.raises(ValueError, match=match):
+        decode_window(data, box)
+
+
+def test_truncated_jpeg_raises_like_torchvision():
+    data = JPEGS["4:2:0"]()
+    cut = data[: len(data) // 2]
+    with pytest.raises(RuntimeError):
+        full_decode(cut)
+    truncated = "Premature end of JPEG file|incomplete or truncated"  # ours | torchvision's
+    with pytest.raises(RuntimeError, match=truncated):
+        decode_window(cut, (0, 0, 123, 157))  # the window needs rows past the cut
+    with pytest.raises(RuntimeError, match=truncated):
+        decode_window(cut, (120, 0, 3, 5))
+    # the header alone is cut: torchvision's decoder reports it
+    with pytest.raises(RuntimeError):
+        decode_window(data[:100], (0, 0, 1, 1))
+
+
+@pytest.mark.parametrize("data", [b"\xff\xd8\xff\x00garbage" * 3, b"not an image at all"])
+def test_garbage_raises(data):
+    with pytest.raises(RuntimeError):
+        decode_window(data, (0, 0, 1, 1))
+    with pytest.raises(RuntimeError):
+        DecodeRandomCrop()(data)
+
+
+# --- the op itself ----------------------------------------------------------------------------------
+
+
+@needs_window_decoder
+def test_opcheck():
+    data = torch.frombuffer(bytearray(JPEGS["4:2:0"]()), dtype=torch.uint8)
+    for box in [(0, 0, 123, 157), (40, 17, 33, 61), (122, 156, 1, 1)]:
+        torch.library.opcheck(torch.ops.torchfeed.decode_jpeg_window.default, (data, *box))
+
+
+@needs_window_decoder
+def test_raw_op_errors():
+    op = torch.ops.torchfeed.decode_jpeg_window
+    data = torch.frombuffer(bytearray(JPEGS["4:2:0"]()), dtype=torch.uint8)
+    with pytest.raises(TypeError, match="data must be uint8"):
+        op(data.float(), 0, 0, 1, 1)
+    with pytest.raises(ValueError, match="data must be a contiguous 1-D tensor"):
+        op(data.reshape(1, -1), 0, 0, 1, 1)
+    with pytest.raises(ValueError, match="data must be a contiguous 1-D tensor"):
+        op(data[::2], 0, 0, 1, 1)
+    with pytest.raises(ValueError, match="data is empty"):
+        op(data[:0], 0, 0, 1, 1)
+    with pytest.raises(ValueError, match=r"height and width must be >= 1, got 0 x 1"):
+        op(data, 0, 0, 0, 1)
+    with pytest.raises(ValueError, match=r"must lie inside the 123 x 157 image"):
+        op(data, 0, 1, 1, 157)
+    cmyk = torch.frombuffer(bytearray(encode(picture(8, 8, "CMYK"))), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="CMYK/YCCK"):
+        op(cmyk, 0, 0, 1, 1)
+    with pytest.raises(RuntimeError, match="not a readable JPEG"):
+        op(torch.frombuffer(bytearray(b"\xff\xd8\xffjunk"), dtype=torch.uint8), 0, 0, 1, 1)
+
+
+@needs_window_decoder
+def test_op_under_torch_compile():
+    data = torch.frombuffer(bytearray(JPEGS["4:2:2"]()), dtype=torch.uint8)
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def fn(d):
+        return torch.ops.torchfeed.decode_jpeg_window(d, 10, 20, 30, 40).float().mean(0)
+
+    assert torch.equal(fn(data), full_decode(JPEGS["4:2:2"]())[:, 10:40, 20:60].float().mean(0))
+
+
+# --- DecodeRandomCrop ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["4:2:0", "progressive", "grayscale", "png"])
+def test_decode_random_crop_is_resized_crop_box_then_the_window(kind):
+    data = encode(picture(90, 70), "PNG") if kind == "png" else JPEGS[kind]()
+    full = full_decode(data)
+    height, width = full.shape[1:]
+    crop = DecodeRandomCrop(scale=(0.2, 0.9), ratio=(0.5, 2.0), return_box=True,
+                            generator=torch.Generator().manual_seed(4))  # fmt: skip
+    g = torch.Generator().manual_seed(4)
+    boxes = set()
+    for _ in range(20):
+        window, box = crop(data)
+        assert box == resized_crop_box(height, width, (0.2, 0.9), (0.5, 2.0), g)
+        top, left, h, w = box
+        assert torch.equal(window, full[:, top : top + h, left : left + w])
+        boxes.add(box)
+    assert len(boxes) > 10  # a fresh draw each call
+
+
+def test_decode_random_crop_uses_the_global_generator_by_default():
+    data = JPEGS["4:2:0"]()
+    crop = DecodeRandomCrop(return_box=True)
+    torch.manual_seed(8)
+    first = [crop(data)[1] for _ in range(5)]
+    torch.manual_seed(8)
+    assert [crop(data)[1] for _ in range(5)] == first
+    assert not isinstance(DecodeRandomCrop()(data), tuple)
+
+
+def test_decode_random_crop_pickles():
+    crop = pickle.loads(pickle.dumps(DecodeRandomCrop(scale=(0.5, 1.0))))
+    assert crop.scale == (0.5, 1.0) and "DecodeRandomCrop" in repr(crop)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(scale=(0.9, 0.1)), ValueError, r"scale must be \(min, max\) with min <= max"),
+        (dict(ratio=(0.0, 1.0)), ValueError, "ratio values must be > 0"),
+        (dict(generator=1), TypeError, "generator must be a torch.Generator"),
+    ],
+)
+def test_bad_decode_random_crop_configuration(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        DecodeRandomCrop(**kwargs)
+
+
+class EncodedFiles(Dataset):
+    def __init__(self, blobs):
+        self.blobs = blobs
+        self.crop = DecodeRandomCrop(return_box=True)
+
+    def __len__(self):
+        return len(self.blobs)
+
+    def __getitem__(self, i):
+        window, box = self.crop(self.blobs[i])
+        return window, torch.tensor(box), i
+
+
+def test_in_dataloader_workers():
+    blobs = [encode(picture(64 + 8 * i, 80 - 4 * i, seed=i), quality=85) for i in range(12)]
+    loader = DataLoader(EncodedFiles(blobs), batch_size=None, num_workers=2,
+                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    boxes = []
+    for window, box, i in loader:
+        top, left, h, w = box.tolist()
+        assert torch.equal(window, full_decode(blobs[i])[:, top : top + h, left : left + w])
+        boxes.append((h, w))
+    assert len(boxes) == 12 and len(set(boxes)) > 6  # the workers draw apart
