@@ -42,7 +42,9 @@ def test_bench_quick_prints_the_table(quick_run):
     out = result.stdout
     for text in ("images: baseline (torchvision per image)", "images: torchfeed", "text: torchfeed PadCollate",
                  "samples/s", "speedup", "first epoch s", "where the time goes", "read + decode",
-                 "collate + worker -> main transfer", "pipelines agree", "machine:"):  # fmt: skip
+                 "collate + worker -> main transfer", "pipelines agree", "machine:",
+                 "images: torchfeed zero-copy + crop-window decode",
+                 "zero-copy + crop-window decode"):  # fmt: skip
         assert text in out, text
     # the built-in dataset was made in the cache: 40 JPEGs, ImageFolder layout
     files, labels = list_image_folder(tmp / "cache" / "images-v1")
@@ -67,6 +69,8 @@ def test_bench_json_schema(quick_run):
     baselines = [r for r in payload["results"] if r["speedup"] == 1.0]
     assert len(baselines) >= 2  # one per suite
     assert payload["agreement"]["max_abs_diff"] <= payload["agreement"]["bound"]
+    assert payload["agreement"]["window_max_abs_diff"] <= payload["agreement"]["window_bound"]
+    assert all("window_ms" in row for row in payload["stages"] if "baseline_ms" in row)
     assert {"cpu", "torch", "torchfeed"} <= set(payload["machine"])
 
 

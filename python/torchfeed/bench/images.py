@@ -7,6 +7,10 @@
   (``ImageCollate``, one shared-memory buffer); ``DevicePrefetcher`` with the pinned ring; the
   fused per-image crop/flip/resize/normalize on the device (on a CPU-only machine, in the
   prefetcher's thread);
+- torchfeed with crop-window decoding: the workers draw each image's crop from the JPEG header
+  and decode only that window (``torchfeed.io.DecodeRandomCrop``, libjpeg-turbo), collate into
+  the shared ring; the prefetcher resizes, flips and normalizes (``ResizeFlipNormalize``): the
+  same result as RandomResizedCrop on the full image, with less decoding;
 - on a GPU machine, torchfeed with GPU decoding: workers only read the files, and
   ``torchvision.io.decode_jpeg(..., device="cuda")`` decodes the batch on the GPU.
 """
@@ -27,11 +31,13 @@ from torchvision.transforms import v2
 from torchfeed.bench.runner import PipelineResult, run_epochs
 from torchfeed.data import SkipCorrupt
 from torchfeed.images import ImageCollate, RaggedImages
+from torchfeed.io import DecodeRandomCrop, decode_window
 from torchfeed.prefetch import DevicePrefetcher
 from torchfeed.shared import SharedRing
 from torchfeed.shared import loader as zc_loader
 from torchfeed.transforms import (
     RandomResizedCropFlipNormalize,
+    ResizeFlipNormalize,
     crop_flip_normalize,
     sample_flips,
     sample_resized_crop_params,
@@ -40,11 +46,13 @@ from torchfeed.transforms import (
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 SIZE = 224
+WINDOW_BOUND = 1e-5  # the same pixels and geometry: only float evaluation order may differ
 
 BASELINE = "images: baseline (torchvision per image)"
 TORCHFEED = "images: torchfeed (uint8 collate, ring, fused)"
 ZERO_COPY = "images: torchfeed zero-copy (fused in prefetcher)"
 ZERO_COPY_WORKERS = "images: torchfeed zero-copy, fused in workers"
+WINDOW = "images: torchfeed zero-copy + crop-window decode"
 GPU_DECODE = "images: torchfeed + GPU decode"
 
 
@@ -67,14 +75,15 @@ def fused_transform(seed: int = 0) -> RandomResizedCropFlipNormalize:
 
 class FileDataset(Dataset):
     """Reads image files; decodes them to uint8 [3, H, W] (``decode=False``: the encoded
-    bytes); applies ``transform`` per image if given."""
+    bytes; a callable: ``decode(encoded)`` gives the image); applies ``transform`` per image if
+    given."""
 
     def __init__(
         self,
         files: Sequence[Path],
         labels: Sequence[int],
         transform: Callable | None = None,
-        decode: bool = True,
+        decode: bool | Callable[[torch.Tensor], torch.Tensor] = True,
     ) -> None:
         self.files = [str(f) for f in files]
         self.labels = list(labels)
@@ -88,7 +97,10 @@ class FileDataset(Dataset):
         data = read_file(self.files[i])
         if not self.decode:
             return data.numpy(), self.labels[i]  # numpy: stays on the host through prefetching
-        image = decode_image(data, mode=ImageReadMode.RGB)
+        if callable(self.decode):
+            image = self.decode(data)
+        else:
+            image = decode_image(data, mode=ImageReadMode.RGB)
         if self.transform is not None:
             image = self.transform(image)
         return image, self.labels[i]
@@ -171,12 +183,42 @@ def make_pipelines(
             collate_fn=ImageCollate(0, transform=t),
         )
 
+    def window():
+        # each worker draws its crops from its own generator (the DataLoader seeds them apart)
+        dl = zc_loader(
+            skipped.track(FileDataset(files, labels, decode=DecodeRandomCrop())),
+            zero_copy=workers > 0,
+            batch_size=batch_size,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            collate_fn=ImageCollate(0),
+        )
+        t = ResizeFlipNormalize(
+            SIZE, mean=MEAN, std=STD, generator=torch.Generator().manual_seed(0)
+        )
+        return DevicePrefetcher(dl, device, transform=lambda b: (t(b[0]), b[1]))
+
     pipelines[BASELINE] = baseline
     pipelines[TORCHFEED] = ours
     if workers > 0:
         pipelines[ZERO_COPY] = zero_copy
         if not gpu:  # on a GPU machine the transform belongs on the GPU
             pipelines[ZERO_COPY_WORKERS] = zero_copy_in_workers
+
+    def window_in_workers():
+        t = ResizeFlipNormalize(SIZE, mean=MEAN, std=STD)
+        return zc_loader(
+            skipped.track(FileDataset(files, labels, decode=DecodeRandomCrop())),
+            zero_copy=True,
+            batch_size=batch_size,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            collate_fn=ImageCollate(0, transform=t),
+        )
+
+    pipelines[WINDOW] = window
+    if workers > 0 and not gpu:
+        pipelines[WINDOW + ", fused in workers"] = window_in_workers
     if gpu:
 
         def gpu_decode():
@@ -270,7 +312,24 @@ def check_agreement(files: Sequence[Path], count: int = 8) -> dict[str, float]:
     bound = 1.01 / 255 / min(STD) + 1e-4
     if diff > bound:
         raise AssertionError(f"the image pipelines disagree: max |diff| {diff:.5f} > {bound:.5f}")
-    return {"images": len(images), "max_abs_diff": diff, "bound": bound}
+    # crop-window decoding: the same boxes decoded alone, then resized whole, give the fused
+    # kernel's result on the full images (the windows' pixels are identical)
+    encoded = [e for _, e, _ in decodable(files, count)]
+    windows = [decode_window(e, box) for e, box in zip(encoded, boxes, strict=True)]
+    whole = torch.tensor([[0, 0, w.shape[1], w.shape[2]] for w in windows])
+    from_windows = crop_flip_normalize(windows, whole, flips, SIZE, mean=MEAN, std=STD)
+    window_diff = float((from_windows - ours).abs().max())
+    if window_diff > WINDOW_BOUND:
+        raise AssertionError(
+            f"crop-window decoding disagrees with full decoding: max |diff| {window_diff:.2e}"
+        )
+    return {
+        "images": len(images),
+        "max_abs_diff": diff,
+        "bound": bound,
+        "window_max_abs_diff": window_diff,
+        "window_bound": WINDOW_BOUND,
+    }
 
 
 # --- where the time goes -------------------------------------------------------------------------
@@ -340,6 +399,11 @@ def stage_breakdown(
     read_decode = _median_ms(
         lambda: [decode_image(read_file(str(f)), mode=ImageReadMode.RGB) for f in files], repeat
     )
+    crop_decode = DecodeRandomCrop(generator=torch.Generator().manual_seed(0))
+    read_window = _median_ms(lambda: [crop_decode(read_file(str(f))) for f in files], repeat)
+    windows = [crop_decode(read_file(str(f))) for f in files]
+    ragged_windows = RaggedImages.from_images(windows)
+    resize = ResizeFlipNormalize(SIZE, mean=MEAN, std=STD)
     fused_ms = _median_ms(lambda: fused(ragged), repeat)
     images_with_labels = [(d, 0) for d in decoded]
     rows = [
@@ -348,12 +412,14 @@ def stage_breakdown(
             "baseline_ms": read_decode,
             "torchfeed_ms": read_decode,
             "zero_copy_ms": read_decode,
+            "window_ms": read_window,
         },
         {
             "stage": "transform (baseline: in workers)",
             "baseline_ms": _median_ms(lambda: [tv(i) for i in decoded], repeat),
             "torchfeed_ms": fused_ms,
             "zero_copy_ms": fused_ms,
+            "window_ms": _median_ms(lambda: resize(ragged_windows), repeat),
         },
         {
             "stage": "collate + worker -> main transfer",
@@ -365,6 +431,9 @@ def stage_breakdown(
             ),
             "zero_copy_ms": _collate_transfer_ms(
                 images_with_labels, ImageCollate(0), len(files), repeat, zero_copy=True
+            ),
+            "window_ms": _collate_transfer_ms(
+                [(w, 0) for w in windows], ImageCollate(0), len(files), repeat, zero_copy=True
             ),
         },
     ]
@@ -382,18 +451,23 @@ def stage_breakdown(
             torch.cuda.synchronize()
 
         shared = SharedRing(4 * ragged.data.nbytes)
-        registered = shared.unpack(shared.pack(ragged))  # as the workers leave a batch
 
-        def registered_copy():  # straight from the page-locked shared memory
-            registered.data.to(device, non_blocking=True)
-            torch.cuda.synchronize()
+        def registered_copy(batch):  # straight from the page-locked shared memory
+            registered = shared.unpack(shared.pack(batch))  # as the workers leave a batch
+
+            def copy():
+                registered.data.to(device, non_blocking=True)
+                torch.cuda.synchronize()
+
+            return _median_ms(copy, repeat)
 
         rows.append(
             {
                 "stage": "host -> device",
                 "baseline_ms": _median_ms(pinned_copy, repeat),
                 "torchfeed_ms": _median_ms(ring_copy, repeat),
-                "zero_copy_ms": _median_ms(registered_copy, repeat),
+                "zero_copy_ms": registered_copy(ragged),
+                "window_ms": registered_copy(ragged_windows),
             }
         )
     else:
@@ -404,6 +478,7 @@ def stage_breakdown(
             "baseline_ms": float_batch.nbytes / 1e6,
             "torchfeed_ms": ragged.data.nbytes / 1e6,
             "zero_copy_ms": ragged.data.nbytes / 1e6,
+            "window_ms": ragged_windows.data.nbytes / 1e6,
         }
     )
     return rows
