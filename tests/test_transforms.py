@@ -155,6 +155,35 @@ def test_layouts_and_memory_formats(isa, layout, channels_last, channels):
     assert (out - ref).abs().max().item() <= 1e-4
 
 
+@pytest.mark.parametrize("channels", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_interleaved_and_planar_sources_give_identical_outputs(isa, channels, dtype, channels_last):
+    """HWC memory (what decoders return) takes a pixel-wise horizontal pass, CHW memory a
+    gathering one: the same products in the same order, so the same bits. Odd widths, 1-pixel
+    crops, flips and up- and downscaling."""
+    sizes, boxes = boxes_cases()
+    planar = images_of(sizes, channels=channels, seed=30)
+    interleaved = [i.permute(1, 2, 0).contiguous().permute(2, 0, 1) for i in planar]
+    flips = [True, False, True, True, False, False]
+    mean, std = [0.4] * channels, [0.3] * channels
+    for size in [(33, 35), (1, 1), (224, 97)]:
+        a, b = (
+            torchfeed.crop_flip_normalize(
+                src,
+                boxes,
+                flips,
+                size,
+                mean=mean,
+                std=std,
+                dtype=dtype,
+                channels_last=channels_last,
+            )
+            for src in (planar, interleaved)
+        )
+        assert torch.equal(a, b), size
+
+
 def test_ragged_dense_and_packed_inputs_agree(isa):
     sizes = [(40, 50)] * 4
     images = images_of(sizes, seed=8)

@@ -1,6 +1,6 @@
 // CPU launcher of the fused crop/flip/resize/normalize op: per image, weight tables computed
-// once from ops/crop_flip_normalize.h, a horizontal pass over the rows the crop needs into a
-// float scratch buffer, then a vertical pass that normalizes and writes the output once.
+// once from ops/crop_flip_normalize.h, a vertical pass over the rows the crop needs into a float
+// scratch buffer, then a horizontal pass that normalizes and writes the output once.
 // Parallel over images and, for small batches, over blocks of output rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -141,7 +141,9 @@ void process(const ImageDesc& img, const double* geom, bool flip, const Job& job
   }
   const int64_t cols = x_hi - x_lo;
   const int64_t ny = y_end - y_begin;
-  s.rows.resize(ny * job.channels * cols);
+  // + 4 zeroed floats: the pixel-wise horizontal pass reads one float past a row's last pixel
+  s.rows.resize(ny * job.channels * cols + 4);
+  std::fill(s.rows.end() - 4, s.rows.end(), 0.0f);
 
   cfn::cpu::BlockJob b;
   b.src = img.data + py.base * img.stride_h + (px.base + x_lo) * img.stride_w;

@@ -151,8 +151,75 @@ void horizontal(const BlockJob& j) {
   }
 }
 
+#ifdef TF_CPU_AVX2
+// The horizontal pass for interleaved rows of 3 or 4 channels: all channels of one output pixel
+// at once, from plain 4-float loads of each tap's pixel (one load per tap instead of one
+// 8-lane gather per channel and tap), then 8 pixels transposed to one vector per channel.
+// The same products in the same order as horizontal(): bit-identical results. A tap of the
+// last pixel of a row reads one float past it (the next row's, or the scratch buffer's zeroed
+// slack); that lane is dropped.
+template <int K, typename OutT>
+void horizontal_pixels(const BlockJob& j) {
+  const int64_t kx = K > 0 ? K : j.kx;
+  const int64_t width = j.channels * j.cols;
+  const int64_t step = j.channels;
+  float lanes[8];
+  __m128 px[8];
+  for (int64_t i = 0; i < j.ny; ++i) {
+    const float* row = j.scratch + i * width;
+    for (int64_t x0 = 0; x0 < j.out_w; x0 += 8) {
+      for (int l = 0; l < 8; ++l) {  // the padding columns read column 0 with weight 0
+        const float* p = row + int64_t{j.x_first[x0 + l]} * step;
+        const float* w = j.x_weights + x0 + l;
+        __m128 acc = _mm_setzero_ps();
+        for (int64_t k = 0; k < kx; ++k) {
+          acc = _mm_fmadd_ps(_mm_set1_ps(w[k * j.x_pad]), _mm_loadu_ps(p + k * step), acc);
+        }
+        px[l] = acc;
+      }
+      // [c0 c1 c2 c3] of pixels l and l + 4 in one register, then a 4 x 4 transpose per half
+      const __m256 t0 = _mm256_set_m128(px[4], px[0]);
+      const __m256 t1 = _mm256_set_m128(px[5], px[1]);
+      const __m256 t2 = _mm256_set_m128(px[6], px[2]);
+      const __m256 t3 = _mm256_set_m128(px[7], px[3]);
+      const __m256 lo01 = _mm256_unpacklo_ps(t0, t1);  // c0 c0 c1 c1 of pixels 0 1 | 4 5
+      const __m256 hi01 = _mm256_unpackhi_ps(t0, t1);  // c2 c2 c3 c3
+      const __m256 lo23 = _mm256_unpacklo_ps(t2, t3);
+      const __m256 hi23 = _mm256_unpackhi_ps(t2, t3);
+      __m256 channel[4] = {
+          _mm256_shuffle_ps(lo01, lo23, 0x44), _mm256_shuffle_ps(lo01, lo23, 0xEE),
+          _mm256_shuffle_ps(hi01, hi23, 0x44), _mm256_shuffle_ps(hi01, hi23, 0xEE)};
+      const int64_t n = j.out_w - x0 < 8 ? j.out_w - x0 : 8;
+      for (int64_t c = 0; c < j.channels; ++c) {
+        const ChannelAffine a = j.affine[c];
+        const __m256 v =
+            _mm256_fmadd_ps(channel[c], _mm256_set1_ps(a.scale), _mm256_set1_ps(a.bias));
+        OutT* out = static_cast<OutT*>(j.out) + c * j.osc + i * j.osh + x0 * j.osw;
+        if constexpr (std::is_same_v<OutT, float>) {
+          if (n == 8 && j.osw == 1) {
+            _mm256_storeu_ps(out, v);
+            continue;
+          }
+        }
+        _mm256_storeu_ps(lanes, v);
+        store(out, j.osw, lanes, n);
+      }
+    }
+  }
+}
+#endif
+
 template <int K>
 void horizontal_any(const BlockJob& j) {
+#ifdef TF_CPU_AVX2
+  if (j.interleaved && (j.channels == 3 || j.channels == 4)) {
+    switch (j.out_type) {
+      case OutType::kFloat: return horizontal_pixels<K, float>(j);
+      case OutType::kHalf: return horizontal_pixels<K, c10::Half>(j);
+      case OutType::kBFloat16: return horizontal_pixels<K, c10::BFloat16>(j);
+    }
+  }
+#endif
   switch (j.out_type) {
     case OutType::kFloat: return horizontal<K, float>(j);
     case OutType::kHalf: return horizontal<K, c10::Half>(j);
