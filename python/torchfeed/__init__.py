@@ -12,6 +12,7 @@ _C = _extension.load()
 from torchfeed._build import build_info  # noqa: E402
 from torchfeed.collate import PadCollate  # noqa: E402
 from torchfeed.images import ImageCollate, RaggedImages  # noqa: E402
+from torchfeed.io import DecodeRandomCrop, decode_window  # noqa: E402 (registers the fake kernel)
 from torchfeed.padding import Padded, pad, pad_packed  # noqa: E402
 from torchfeed.prefetch import DevicePrefetcher  # noqa: E402
 from torchfeed.ragged import RaggedBatch  # noqa: E402
@@ -25,6 +26,7 @@ from torchfeed.transforms import (  # noqa: E402
 __version__ = _C.build_info()["version"]
 
 __all__ = [
+    "DecodeRandomCrop",
     "DevicePrefetcher",
     "ImageCollate",
     "PadCollate",
@@ -37,6 +39,7 @@ __all__ = [
     "__version__",
     "build_info",
     "crop_flip_normalize",
+    "decode_window",
     "loader",
     "pad",
     "pad_packed",
