@@ -4,6 +4,7 @@ corrupt file, bad options, doctor."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +19,12 @@ QUICK = ["--quick", "--images", "40", "--batch-size", "16", "--workers", "1",
          "--text-samples", "64", "--no-progress"]  # fmt: skip
 
 
-def run_cli(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
-    env = None
+def run_cli(*args: str, cache: Path | None = None, **env_vars: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)  # the doctor's advice depends on it
     if cache is not None:
-        import os
-
-        env = dict(os.environ, TORCHFEED_CACHE=str(cache))
+        env["TORCHFEED_CACHE"] = str(cache)
+    env.update(env_vars)
     return subprocess.run([sys.executable, "-m", "torchfeed", *args], capture_output=True,
                           text=True, timeout=600, env=env)  # fmt: skip
 
@@ -126,3 +127,7 @@ def test_doctor():
     assert "torchfeed doctor" in out and "CPU kernels:" in out and "/dev/shm" in out
     assert "leaves no CPU for the main process" in out  # 16 workers on this machine
     assert "smaller than the batches in flight" in out  # 16 x 2 x 1 TB
+    assert "crop-window JPEG decoding (torchfeed.io):" in out
+    assert "OMP_WAIT_POLICY=PASSIVE" in out  # 16 workers + the main process's threads
+    passive = run_cli("doctor", "--workers", "16", OMP_WAIT_POLICY="PASSIVE")
+    assert passive.returncode == 0 and "OMP_WAIT_POLICY" not in passive.stdout

@@ -35,6 +35,15 @@ def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
     )
     lines.append(f"CPU kernels: {torchfeed._C.cpu_isa()} instruction set")
     advice = []
+    if info["jpeg"]:
+        lines.append(f"crop-window JPEG decoding (torchfeed.io): {info['jpeg']}")
+    else:
+        lines.append("crop-window JPEG decoding (torchfeed.io): not built, decodes whole images")
+        advice.append(
+            "torchfeed.io decodes whole JPEGs here: install libjpeg-turbo's headers (Debian/"
+            "Ubuntu: libjpeg-turbo8-dev or libjpeg62-turbo-dev) and rebuild to decode only "
+            "the crop"
+        )
     if info["gpu_available"]:
         lines.append(f"GPU: {info['gpu_name']} ({torch.cuda.device_count()} visible)")
         try:
@@ -60,6 +69,20 @@ def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
             f"num_workers={workers} leaves no CPU for the main process ({cpus} usable): with "
             "torchfeed's fused transform running in the main process, try "
             f"num_workers={max(cpus - 1, 1)}"
+        )
+    threads = torch.get_num_threads()
+    if (
+        cpus is not None
+        and workers > 0
+        and workers + threads > cpus
+        and torch.backends.openmp.is_available()
+        and "OMP_WAIT_POLICY" not in os.environ
+    ):
+        advice.append(
+            f"{workers} workers + {threads} OpenMP threads in the main process > {cpus} CPUs: "
+            "OpenMP threads spin-wait after each parallel op and take CPU time the workers "
+            "need; start the job with OMP_WAIT_POLICY=PASSIVE (or torch.set_num_threads(1) "
+            "in the main process)"
         )
     need = workers * prefetch_factor * batch_mb * 1e6
     shm = _shm_bytes()
