@@ -135,6 +135,32 @@ def test_crop_floor_write_output_once(benchmark, role):
     benchmark(out.copy_, src)
 
 
+# --- the same images in decoder memory order (HWC, what decode_image returns) -------------------
+
+DECODED = "crop 64 decoded (HWC memory) -> 224 (CPU)"
+
+
+@pytest.fixture(scope="module")
+def decoded(images):
+    return [im.permute(1, 2, 0).contiguous().permute(2, 0, 1) for im in images]
+
+
+def test_decoded_torchfeed_reused_output(benchmark, role, decoded):
+    benchmark.group = DECODED
+    role("torchfeed")
+    t = RandomResizedCropFlipNormalize(
+        224, mean=MEAN, std=STD, generator=torch.Generator().manual_seed(0)
+    )
+    benchmark(t, decoded)
+
+
+def test_decoded_torchvision_per_image(benchmark, role, decoded):
+    benchmark.group = DECODED
+    role("baseline")
+    t = torchvision_pipeline()
+    benchmark(lambda: torch.stack([t(im) for im in decoded]))
+
+
 # --- a dense batch: torchvision and kornia can take it whole -------------------------------------
 
 

@@ -1,0 +1,51 @@
+"""Decoding a random crop in a worker: torchfeed's crop-window decode against torchvision's
+whole-image decode followed by the same crop (what ``RandomResizedCrop`` does after
+``decode_image``), on the same 64 JPEGs (the bench dataset's images, 300-600 px a side, quality
+90) with the same boxes (RandomResizedCrop's default scale, (0.08, 1): the crop covers about half
+the image on average). Both give the same pixels (tests/test_io.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision.io import ImageReadMode, decode_image, encode_jpeg
+
+import torchfeed.io as tio
+from torchfeed.bench.dataset import synthetic_image
+from torchfeed.transforms import resized_crop_box
+
+BATCH = 64
+GROUP = "decode random crop, 64 JPEGs (CPU)"
+
+
+@pytest.fixture(scope="module")
+def jpegs():
+    files = [encode_jpeg(synthetic_image(i), quality=90) for i in range(BATCH)]
+    g = torch.Generator().manual_seed(0)
+    boxes = [resized_crop_box(*tio.image_size(f), generator=g) for f in files]
+    return files, boxes
+
+
+def test_decode_crop_torchfeed_window(benchmark, role, jpegs):
+    if not tio.WINDOW_DECODER:
+        pytest.skip("built without libjpeg-turbo")
+    benchmark.group = GROUP
+    role("torchfeed")
+    files, boxes = jpegs
+    benchmark(lambda: [tio.decode_window(f, b) for f, b in zip(files, boxes, strict=True)])
+
+
+def test_decode_crop_torchvision_full_then_crop(benchmark, role, jpegs):
+    benchmark.group = GROUP
+    role("baseline")
+    files, boxes = jpegs
+
+    def run():
+        out = []
+        for f, (top, left, h, w) in zip(files, boxes, strict=True):
+            image = decode_image(f, mode=ImageReadMode.RGB)
+            out.append(image[:, top : top + h, left : left + w])
+        return out
+
+    benchmark(run)
