@@ -187,9 +187,9 @@ class ImageCollate:
         if transform is not None:
             if not hasattr(transform, "apply") or not hasattr(transform, "output_shape"):
                 raise TypeError(
-                    "transform must be a torchfeed batch transform (RandomResizedCropFlipNormalize, "
-                    "ResizeFlipNormalize or ResizeCenterCropNormalize), got "
-                    f"{type(transform).__name__}"
+                    "transform must be a torchfeed batch transform "
+                    "(RandomResizedCropFlipNormalize, ResizeFlipNormalize or "
+                    f"ResizeCenterCropNormalize), got {type(transform).__name__}"
                 )
             if transform.image_layout != layout:
                 raise ValueError(
