@@ -591,7 +591,12 @@ def sample_flips(batch: int, p: float = 0.5, generator: torch.Generator | None =
 
 class _BatchTransform(v2.Transform):
     """Shared by the batch transforms: splits the input into images and per-image targets, runs
-    the fused kernel once for the batch, and applies each image's geometry to its targets."""
+    the fused kernel once for the batch, and applies each image's geometry to its targets.
+
+    Its keyword arguments are every batch transform's options, defined here once: ``mean`` and
+    ``std`` (required, per channel or one for all), ``interpolation`` ("bilinear" or
+    "nearest"), ``antialias``, the output ``dtype`` (float32, float16 or bfloat16),
+    ``channels_last``, ``image_layout`` of dense inputs ("CHW" or "HWC") and ``return_params``."""
 
     def __init__(
         self,
@@ -725,7 +730,11 @@ class RandomResizedCropFlipNormalize(_BatchTransform):
     and ``tv_tensors.Mask`` (alone, or in dicts/lists), which get image b's crop, resize and flip.
     Output: ``[B, C, size, size]`` of ``dtype`` (and the targets; and the drawn parameters
     ``{"boxes": [B, 4] (top, left, height, width), "flips": [B]}`` with ``return_params=True``).
-    Works on CPU and GPU tensors; draws from ``generator`` on the host.
+    Works on CPU and GPU tensors; draws from ``generator`` on the host (else from torch's global
+    generator). Keyword ``options``: ``mean`` and ``std`` (required), ``interpolation``
+    ("bilinear" or "nearest"; default bilinear), ``antialias`` (True), output ``dtype`` (float32,
+    float16 or bfloat16; float32), ``channels_last`` (False), ``image_layout`` of dense inputs
+    ("CHW" or "HWC"; CHW), ``return_params`` (False).
     """
 
     def __init__(
@@ -735,26 +744,10 @@ class RandomResizedCropFlipNormalize(_BatchTransform):
         ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
         p_flip: float = 0.5,
         *,
-        mean: Sequence[float],
-        std: Sequence[float],
-        interpolation: str | InterpolationMode = "bilinear",
-        antialias: bool = True,
-        dtype: torch.dtype = torch.float32,
-        channels_last: bool = False,
         generator: torch.Generator | None = None,
-        image_layout: Layout = "CHW",
-        return_params: bool = False,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            mean=mean,
-            std=std,
-            interpolation=interpolation,
-            antialias=antialias,
-            dtype=dtype,
-            channels_last=channels_last,
-            image_layout=image_layout,
-            return_params=return_params,
-        )
+        super().__init__(**options)
         self.size = _size_pair(size)
         self.scale = _check_range("scale", scale, positive=False)
         self.ratio = _check_range("ratio", ratio, positive=True)
@@ -806,11 +799,9 @@ class ResizeFlipNormalize(_BatchTransform):
     This is the second half of :class:`RandomResizedCropFlipNormalize` for images that are
     already crops, such as the windows :class:`torchfeed.io.DecodeRandomCrop` decodes in the
     workers: crop-window decoding followed by this transform gives exactly what
-    RandomResizedCropFlipNormalize gives on the full images with the same boxes. The keyword
-    ``options`` (``mean`` and ``std``, required; ``interpolation``, ``antialias``, ``dtype``,
-    ``channels_last``, ``image_layout``, ``return_params``), the inputs and the outputs are
-    RandomResizedCropFlipNormalize's (targets get the resize and the flip; the drawn parameters
-    are ``{"flips": [B]}``)."""
+    RandomResizedCropFlipNormalize gives on the full images with the same boxes. Same keyword
+    ``options``, inputs and outputs as RandomResizedCropFlipNormalize (targets get the resize and
+    the flip; the drawn parameters are ``{"flips": [B]}``)."""
 
     def __init__(
         self,
@@ -842,33 +833,16 @@ class ResizeFlipNormalize(_BatchTransform):
 class ResizeCenterCropNormalize(_BatchTransform):
     """The usual evaluation transform, ``Resize(resize) -> CenterCrop(crop) -> ToDtype(scale=True)
     -> Normalize(mean, std)``, for a whole batch in one fused pass: each image becomes one
-    resampling of exactly the pixels the crop keeps. Same inputs and outputs as
-    :class:`RandomResizedCropFlipNormalize`."""
+    resampling of exactly the pixels the crop keeps. Same keyword ``options``, inputs and outputs
+    as :class:`RandomResizedCropFlipNormalize`."""
 
     def __init__(
         self,
         resize: int | Sequence[int],
         crop: int | Sequence[int],
-        *,
-        mean: Sequence[float],
-        std: Sequence[float],
-        interpolation: str | InterpolationMode = "bilinear",
-        antialias: bool = True,
-        dtype: torch.dtype = torch.float32,
-        channels_last: bool = False,
-        image_layout: Layout = "CHW",
-        return_params: bool = False,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            mean=mean,
-            std=std,
-            interpolation=interpolation,
-            antialias=antialias,
-            dtype=dtype,
-            channels_last=channels_last,
-            image_layout=image_layout,
-            return_params=return_params,
-        )
+        super().__init__(**options)
         self.resize = _resize_arg(resize)
         self.crop = _size_pair(crop, "crop")
 
