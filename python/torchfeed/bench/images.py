@@ -53,6 +53,7 @@ TORCHFEED = "images: torchfeed (uint8 collate, ring, fused)"
 ZERO_COPY = "images: torchfeed zero-copy (fused in prefetcher)"
 ZERO_COPY_WORKERS = "images: torchfeed zero-copy, fused in workers"
 WINDOW = "images: torchfeed zero-copy + crop-window decode"
+WINDOW_WORKERS = WINDOW + ", fused in workers"
 GPU_DECODE = "images: torchfeed + GPU decode"
 
 
@@ -153,50 +154,44 @@ def make_pipelines(
         dl = loader(ds, batch_size, workers, pin_memory=gpu)
         return _Moved(dl, device)
 
+    def prefetched(dl, t):  # the fused transform in the prefetcher
+        return DevicePrefetcher(dl, device, transform=lambda b: (t(b[0]), b[1]))
+
+    def shared(decode=True, transform=None, zero_copy=True):
+        # workers collate straight into the shared ring; with `transform`, the fused kernel
+        # writes there (each worker draws from its own generator: the DataLoader seeds them apart)
+        return zc_loader(
+            skipped.track(FileDataset(files, labels, decode=decode)),
+            zero_copy=zero_copy,
+            batch_size=batch_size,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            collate_fn=ImageCollate(0, transform=transform),
+        )
+
     def ours():
         ds = skipped.track(FileDataset(files, labels))
         dl = loader(ds, batch_size, workers, collate_fn=ImageCollate(0))
-        t = fused_transform()
-        return DevicePrefetcher(dl, device, transform=lambda b: (t(b[0]), b[1]))
+        return prefetched(dl, fused_transform())
 
     def zero_copy():
-        dl = zc_loader(
-            skipped.track(FileDataset(files, labels)),
-            zero_copy=True,
-            batch_size=batch_size,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-            collate_fn=ImageCollate(0),
-        )
-        t = fused_transform()
-        return DevicePrefetcher(dl, device, transform=lambda b: (t(b[0]), b[1]))
+        return prefetched(shared(), fused_transform())
 
     def zero_copy_in_workers():
-        # each worker draws from its own generator (the DataLoader seeds them apart)
-        t = RandomResizedCropFlipNormalize(SIZE, mean=MEAN, std=STD)
-        return zc_loader(
-            skipped.track(FileDataset(files, labels)),
-            zero_copy=True,
-            batch_size=batch_size,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-            collate_fn=ImageCollate(0, transform=t),
-        )
+        return shared(transform=RandomResizedCropFlipNormalize(SIZE, mean=MEAN, std=STD))
 
     def window():
-        # each worker draws its crops from its own generator (the DataLoader seeds them apart)
-        dl = zc_loader(
-            skipped.track(FileDataset(files, labels, decode=DecodeRandomCrop())),
-            zero_copy=workers > 0,
-            batch_size=batch_size,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-            collate_fn=ImageCollate(0),
-        )
+        # workers draw each crop from the JPEG header and decode only that window
+        dl = shared(decode=DecodeRandomCrop(), zero_copy=workers > 0)
         t = ResizeFlipNormalize(
             SIZE, mean=MEAN, std=STD, generator=torch.Generator().manual_seed(0)
         )
-        return DevicePrefetcher(dl, device, transform=lambda b: (t(b[0]), b[1]))
+        return prefetched(dl, t)
+
+    def window_in_workers():
+        return shared(
+            decode=DecodeRandomCrop(), transform=ResizeFlipNormalize(SIZE, mean=MEAN, std=STD)
+        )
 
     pipelines[BASELINE] = baseline
     pipelines[TORCHFEED] = ours
@@ -204,21 +199,9 @@ def make_pipelines(
         pipelines[ZERO_COPY] = zero_copy
         if not gpu:  # on a GPU machine the transform belongs on the GPU
             pipelines[ZERO_COPY_WORKERS] = zero_copy_in_workers
-
-    def window_in_workers():
-        t = ResizeFlipNormalize(SIZE, mean=MEAN, std=STD)
-        return zc_loader(
-            skipped.track(FileDataset(files, labels, decode=DecodeRandomCrop())),
-            zero_copy=True,
-            batch_size=batch_size,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-            collate_fn=ImageCollate(0, transform=t),
-        )
-
     pipelines[WINDOW] = window
     if workers > 0 and not gpu:
-        pipelines[WINDOW + ", fused in workers"] = window_in_workers
+        pipelines[WINDOW_WORKERS] = window_in_workers
     if gpu:
 
         def gpu_decode():
@@ -298,7 +281,8 @@ def check_agreement(files: Sequence[Path], count: int = 8) -> dict[str, float]:
     """The same images with the same drawn parameters through torchvision (uint8, the
     baseline's path) and through the fused kernel give the same tensors within 1 level/std, so a
     speedup can never come from doing less work."""
-    images = [image for _, _, image in decodable(files, count)]
+    readable = decodable(files, count)
+    images = [image for _, _, image in readable]
     g = torch.Generator().manual_seed(0)
     boxes = sample_resized_crop_params([tuple(i.shape[1:]) for i in images], generator=g)
     flips = sample_flips(len(images), 0.5, g)
@@ -314,8 +298,7 @@ def check_agreement(files: Sequence[Path], count: int = 8) -> dict[str, float]:
         raise AssertionError(f"the image pipelines disagree: max |diff| {diff:.5f} > {bound:.5f}")
     # crop-window decoding: the same boxes decoded alone, then resized whole, give the fused
     # kernel's result on the full images (the windows' pixels are identical)
-    encoded = [e for _, e, _ in decodable(files, count)]
-    windows = [decode_window(e, box) for e, box in zip(encoded, boxes, strict=True)]
+    windows = [decode_window(e, box) for (_, e, _), box in zip(readable, boxes, strict=True)]
     whole = torch.tensor([[0, 0, w.shape[1], w.shape[2]] for w in windows])
     from_windows = crop_flip_normalize(windows, whole, flips, SIZE, mean=MEAN, std=STD)
     window_diff = float((from_windows - ours).abs().max())
