@@ -209,21 +209,22 @@ void horizontal_pixels(const BlockJob& j) {
 }
 #endif
 
-template <int K>
-void horizontal_any(const BlockJob& j) {
+template <int K, typename OutT>
+void horizontal_pass(const BlockJob& j) {
 #ifdef TF_CPU_AVX2
   if (j.interleaved && (j.channels == 3 || j.channels == 4)) {
-    switch (j.out_type) {
-      case OutType::kFloat: return horizontal_pixels<K, float>(j);
-      case OutType::kHalf: return horizontal_pixels<K, c10::Half>(j);
-      case OutType::kBFloat16: return horizontal_pixels<K, c10::BFloat16>(j);
-    }
+    return horizontal_pixels<K, OutT>(j);
   }
 #endif
+  horizontal<K, OutT>(j);
+}
+
+template <int K>
+void horizontal_any(const BlockJob& j) {
   switch (j.out_type) {
-    case OutType::kFloat: return horizontal<K, float>(j);
-    case OutType::kHalf: return horizontal<K, c10::Half>(j);
-    case OutType::kBFloat16: return horizontal<K, c10::BFloat16>(j);
+    case OutType::kFloat: return horizontal_pass<K, float>(j);
+    case OutType::kHalf: return horizontal_pass<K, c10::Half>(j);
+    case OutType::kBFloat16: return horizontal_pass<K, c10::BFloat16>(j);
   }
 }
 
