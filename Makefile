@@ -12,7 +12,7 @@ SOURCES := CMakeLists.txt pyproject.toml python/torchfeed/_build_config.py.in \
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all venv deps build test bench bench-pytest wheel lint format clean
+.PHONY: all venv deps build test test-min-torch bench bench-pytest wheel lint format clean
 
 all: build
 
@@ -21,7 +21,7 @@ $(PY):
 
 venv: $(PY)
 
-$(DEPS): requirements-dev.txt | $(PY)
+$(DEPS): requirements-dev.txt requirements-tools.txt | $(PY)
 	$(PIP) install -q -r requirements-dev.txt
 	touch $@
 
@@ -43,6 +43,31 @@ format: $(DEPS)
 test: build lint
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
+# The suite against the oldest torch that pyproject.toml declares (torch 2.11, as on the GPU
+# machine), in a venv of its own, with a non-editable install built in a directory of its own.
+# The CUDA code is compiled against that torch too, for one architecture (sm_90) to save time.
+MIN_VENV ?= .venv-torch-min
+MIN_PY := $(MIN_VENV)/bin/python
+MIN_DEPS := $(MIN_VENV)/.deps-installed
+MIN_BUILT := $(MIN_VENV)/.torchfeed-built
+
+$(MIN_PY):
+	$(PYTHON) -m venv $(MIN_VENV)
+
+$(MIN_DEPS): requirements-min.txt requirements-tools.txt | $(MIN_PY)
+	$(MIN_PY) -m pip --disable-pip-version-check install -q -r requirements-min.txt
+	touch $@
+
+$(MIN_BUILT): $(MIN_DEPS) $(SOURCES) $(shell find python -name '*.py' 2>/dev/null)
+	TORCH_CUDA_ARCH_LIST=$${TORCH_CUDA_ARCH_LIST:-9.0} $(MIN_PY) -m pip \
+	    --disable-pip-version-check install -q --no-build-isolation --no-deps \
+	    -C build-dir=build/torch-min/{wheel_tag} .
+	touch $@
+
+test-min-torch: $(MIN_BUILT)
+	$(MIN_PY) -c "import torch, torchfeed; print('torch', torch.__version__, 'torchfeed', torchfeed.__file__)"
+	$(MIN_PY) -m pytest tests $(PYTEST_ARGS)
+
 # The main job: the end-to-end pipeline benchmark on the built-in dataset.
 bench: build
 	$(VENV)/bin/torchfeed bench $(BENCH_ARGS)
@@ -62,4 +87,4 @@ wheel: $(DEPS)
 	$(PIP) wheel --no-build-isolation --no-deps -w dist .
 
 clean:
-	rm -rf build dist $(BUILT)
+	rm -rf build dist $(BUILT) $(MIN_BUILT)

@@ -3,7 +3,8 @@
 #   scripts/gpu_check.sh OUTDIR
 # builds torchfeed against the torch found there, runs the whole test suite (the CUDA tests
 # included: every op CPU vs CUDA), compute-sanitizer memcheck over the CUDA tests, and the GPU
-# benchmarks, and writes a short report to OUTDIR/report.md (logs beside it). Budget: 8 minutes.
+# benchmarks, and writes a short report to OUTDIR/report.md (logs in OUTDIR/logs.tar.gz). Budget:
+# 8 minutes.
 #
 # Wheels the machine lacks (scikit-build-core, pybind11, ...) are taken from .whl/ next to the
 # checkout when it exists. Without a GPU (GPU_CHECK_DRY_RUN=1 or no GPU found) it runs
@@ -23,30 +24,64 @@ if [[ -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
   export TORCH_CUDA_ARCH_LIST=$arch
 fi
 
+# A compiler that links torch's C++ runtime dynamically (issue 11: the GPU machine's default GCC
+# links libstdc++ statically into shared objects, and such an extension crashes on every error).
+# The build refuses such a toolchain; probe it first and fall back to the system compiler.
+torch_lib=$("$PY" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib', 'libc10.so'))")
+default_cxx=${CXX:-c++}
+compiler_note="$default_cxx ($(command -v "$default_cxx" || echo not found))"
+if ! "$PY" python/torchfeed/_cxx_runtime.py probe --cxx "$default_cxx" --flags "${LDFLAGS:-}" \
+     --reference "$torch_lib" --workdir /tmp/torchfeed-cxx-probe >/dev/null 2>&1; then
+  if [[ -x /usr/bin/g++ ]]; then
+    export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+    compiler_note="/usr/bin/g++ (the default $default_cxx would link libstdc++ statically)"
+  fi
+fi
+# CMake keeps the compiler of an existing build directory: one directory per compiler.
+build_dir="build/gpu-check-$(basename "${CXX:-c++}")"
+
 report="$out/report.md"
 status=0
 start_all=$(date +%s)
 : >"$report"
 say() { echo "$*" | tee -a "$report"; }
 
-# step NAME TIMEOUT CMD...: runs CMD with a time limit, logs to OUTDIR/NAME.log, records the result.
+# Everything must fit in the budget (seconds, 8 minutes by default): each step gets at most what
+# is left of it, and a step with under 15 s left is skipped.
+budget=${GPU_CHECK_BUDGET:-470}
+logs="$out/logs"
+mkdir -p "$logs"
+
+# step NAME TIMEOUT CMD...: runs CMD with a time limit, logs to OUTDIR/logs/NAME.log, records the
+# result.
 step() {
   local name=$1 limit=$2
   shift 2
-  local t0 rc
+  local t0 rc left
+  left=$((budget - ($(date +%s) - start_all)))
+  if ((left < 15)); then
+    say "- $name: SKIPPED (the ${budget}s budget is spent)"
+    status=1
+    return 1
+  fi
+  ((limit > left)) && limit=$left
   t0=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
   rc=$?
   local dt=$(($(date +%s) - t0))
   if [[ $rc -eq 0 ]]; then
     say "- $name: ok (${dt}s)"
   else
     say "- $name: FAILED rc=$rc (${dt}s); last lines:"
-    tail -n 25 "$out/$name.log" | sed 's/^/      /' | tee -a "$report"
+    tail -n 25 "$logs/$name.log" | sed 's/^/      /' | tee -a "$report"
     status=1
   fi
   return $rc
 }
+
+# The machine sends back at most 8 files: the report, the benchmark JSONs and one tarball of logs.
+pack_logs() { tar -czf "$out/logs.tar.gz" -C "$out" logs && rm -rf "$logs"; }
+trap pack_logs EXIT
 
 gpu=0
 if [[ "${GPU_CHECK_DRY_RUN:-0}" != 1 ]] && "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
@@ -58,6 +93,7 @@ say ""
 say "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 say "- machine: $("$PY" -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU (dry run)')" 2>&1), torch $("$PY" -c 'import torch; print(torch.__version__)' 2>&1), python $("$PY" -c 'import platform; print(platform.python_version())')"
 say "- nvcc: $(nvcc --version 2>/dev/null | tail -n 1), TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
+say "- C++ compiler: $compiler_note"
 say ""
 
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -65,36 +101,44 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/torchfeed-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-if ! step build 300 "$PY" -m pip install --no-build-isolation --no-deps -v -e .; then
+if ! step build 300 "$PY" -m pip install --no-build-isolation --no-deps -v \
+     -C build-dir="$build_dir/{wheel_tag}" -e .; then
   say ""
   say "build failed: nothing else can run"
   exit 1
 fi
 step build_info 60 "$PY" -c "import json, torchfeed; print(json.dumps(torchfeed.build_info()))"
-tail -n 1 "$out/build_info.log" | sed 's/^/      /' | tee -a "$report"
+tail -n 1 "$logs/build_info.log" | sed 's/^/      /' | tee -a "$report"
 
-# Every test, the CUDA ones included (they skip without a GPU).
-step tests 240 "$PY" -m pytest tests -q -x -p no:cacheprovider -m "not slow" \
-  --junitxml="$out/tests.xml"
-grep -E "passed|failed" "$out/tests.log" | tail -n 1 | sed 's/^/      /' | tee -a "$report"
+# The CUDA tests (every op CPU vs CUDA, ring event ordering) one at a time; then the rest of the
+# suite in parallel over the host's cores (pytest-benchmark errors under xdist: -p no:benchmark).
+step tests_cuda 180 "$PY" -m pytest tests -q -p no:cacheprovider -m cuda --junitxml="$logs/tests_cuda.xml"
+grep -E "passed|failed" "$logs/tests_cuda.log" | tail -n 1 | sed 's/^/      /' | tee -a "$report"
+parallel=()
+if "$PY" -c "import xdist" 2>/dev/null; then
+  parallel=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))" -p no:benchmark)
+fi
+step tests_cpu 240 "$PY" -m pytest tests -q -p no:cacheprovider -m "not cuda" "${parallel[@]}" \
+  --junitxml="$logs/tests_cpu.xml"
+grep -E "passed|failed" "$logs/tests_cpu.log" | tail -n 1 | sed 's/^/      /' | tee -a "$report"
 
 if [[ $gpu == 1 ]]; then
   if command -v compute-sanitizer >/dev/null; then
     step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 99 \
       "$PY" -m pytest tests -q -x -p no:cacheprovider -m cuda -k "not compile"
-    grep -E "ERROR SUMMARY|passed|failed" "$out/memcheck.log" | tail -n 2 | sed 's/^/      /' | tee -a "$report"
+    grep -E "ERROR SUMMARY|passed|failed" "$logs/memcheck.log" | tail -n 2 | sed 's/^/      /' | tee -a "$report"
   else
     say "- memcheck: compute-sanitizer not found"
     status=1
   fi
   step gpu_bench 240 "$PY" -m pytest bench -q -p no:cacheprovider -m cuda --benchmark-only \
     --benchmark-columns=median,iqr,rounds --benchmark-json="$out/gpu_bench.json"
-  sed -n '/torchfeed vs baselines/,/^$/p' "$out/gpu_bench.log" | sed 's/^/      /' | tee -a "$report"
+  sed -n '/torchfeed vs baselines/,/^$/p' "$logs/gpu_bench.log" | sed 's/^/      /' | tee -a "$report"
   # the main job on the GPU: baseline, torchfeed (ring, fused on the GPU), zero copy, GPU decode
   step torchfeed_bench 240 "$PY" -m torchfeed bench --device cuda --epochs 2 --images 512 \
     --batch-size 64 --workers 4 --no-progress --cache-dir /tmp/torchfeed-cache \
     --json "$out/torchfeed_bench.json"
-  sed -n '1,/^machine:/p' "$out/torchfeed_bench.log" | sed 's/^/      /' | tee -a "$report"
+  sed -n '1,/^machine:/p' "$logs/torchfeed_bench.log" | sed 's/^/      /' | tee -a "$report"
 else
   say "- memcheck, gpu_bench, torchfeed_bench: skipped (no GPU)"
 fi

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -186,12 +185,11 @@ def test_torchrun_two_ranks_two_workers(tmp_path, uneven):
     script = Path(__file__).parent / "scripts" / "dist_sharding.py"
     out = tmp_path / "verdict.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         "--master_addr=127.0.0.1", f"--master_port={port}", str(script), str(out), uneven],
+        # --standalone: the rendezvous binds a free port itself (no race with tests running in
+        # parallel, as a port picked here and released would be)
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(script), str(out), uneven],
         capture_output=True, text=True, timeout=180, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -75,7 +75,9 @@ def padded_length(
     lengths: Iterable[int], max_length: int | None, pad_to_multiple_of: int | None
 ) -> int:
     """L: the longest kept length, rounded up to ``pad_to_multiple_of``."""
-    longest = max(lengths, default=0)
+    longest = 0
+    for n in lengths:  # not max(..., default=0): dynamo before torch 2.12 cannot trace it
+        longest = max(longest, n)
     if max_length is not None:
         longest = min(longest, max_length)
     if pad_to_multiple_of is not None:
