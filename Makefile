@@ -8,6 +8,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 DEPS := $(VENV)/.deps-installed
 BUILT := $(VENV)/.torchfeed-built
 SOURCES := CMakeLists.txt pyproject.toml python/torchfeed/_build_config.py.in \
+           $(shell find python -name "*.py" 2>/dev/null) \
            $(shell find csrc -type f 2>/dev/null)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
@@ -58,7 +59,7 @@ $(MIN_DEPS): requirements-min.txt requirements-tools.txt | $(MIN_PY)
 	$(MIN_PY) -m pip --disable-pip-version-check install -q -r requirements-min.txt
 	touch $@
 
-$(MIN_BUILT): $(MIN_DEPS) $(SOURCES) $(shell find python -name '*.py' 2>/dev/null)
+$(MIN_BUILT): $(MIN_DEPS) $(SOURCES)
 	TORCH_CUDA_ARCH_LIST=$${TORCH_CUDA_ARCH_LIST:-9.0} $(MIN_PY) -m pip \
 	    --disable-pip-version-check install -q --no-build-isolation --no-deps \
 	    -C build-dir=build/torch-min/{wheel_tag} .

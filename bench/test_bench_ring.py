@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torchfeed
+import torchfeed.tree
 from torchfeed import PinnedRing
 
 FLOAT_BATCH = (64, 3, 224, 224)
@@ -30,7 +31,7 @@ def ragged_batch():
 
 
 def fresh_copy(batch):
-    return torchfeed.ring.map_tensors(batch, lambda t: torch.empty_like(t).copy_(t))
+    return torchfeed.tree.map_tensors(batch, lambda t: torch.empty_like(t).copy_(t))
 
 
 def test_stage_float_ring(benchmark, role, float_batch):

@@ -7,6 +7,7 @@
 #include "common/cpu_isa.h"
 #include "memory/pinned_ring.h"
 #include "memory/shared_ring.h"
+#include "testing/bindings.h"
 #ifdef TORCHFEED_WITH_JPEG
 #include "io/jpeg.h"
 #endif
@@ -34,27 +35,14 @@ pybind11::dict build_info() {
   return info;
 }
 
-std::string isa_name(torchfeed::CpuIsa isa) {
-  return isa == torchfeed::CpuIsa::kAvx2 ? "avx2" : "baseline";
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchfeed compiled kernels";
   m.def("build_info", &build_info, "What the compiled extension was built with.");
-  m.def("cpu_isa", [] { return isa_name(torchfeed::cpu_isa()); },
-        "Instruction set the CPU kernels use: 'avx2' or 'baseline'.");
   m.def(
-      "limit_cpu_isa",
-      [](const std::string& limit) {
-        TORCH_CHECK_VALUE(limit == "avx2" || limit == "baseline",
-                          "limit_cpu_isa: expected 'avx2' or 'baseline', got '", limit, "'");
-        return isa_name(torchfeed::limit_cpu_isa(limit == "avx2" ? torchfeed::CpuIsa::kAvx2
-                                                                 : torchfeed::CpuIsa::kBaseline));
-      },
-      "Caps the CPU kernels' instruction set (for tests); returns the one now in use.");
-
+      "cpu_isa", [] { return std::string(torchfeed::cpu_isa_name(torchfeed::cpu_isa())); },
+      "Instruction set the CPU kernels use: 'avx2' or 'baseline'.");
 #ifdef TORCHFEED_WITH_JPEG
   m.def(
       "jpeg_info",
@@ -66,6 +54,8 @@ PYBIND11_MODULE(_C, m) {
       "(height, width, components, rgb_decodable) from a JPEG's header, without decoding.");
 #endif
 
+  torchfeed::testing::bind(m);
+
   using torchfeed::PinnedRing;
   pybind11::register_exception<torchfeed::RingTimeoutError>(m, "RingTimeoutError",
                                                             PyExc_TimeoutError);
@@ -74,7 +64,7 @@ PYBIND11_MODULE(_C, m) {
            pybind11::arg("alignment"), pybind11::arg("pinned"), pybind11::arg("mlock"))
       .def("allocate", &PinnedRing::allocate, pybind11::arg("nbytes"), pybind11::arg("timeout"),
            pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def("record", &PinnedRing::record, pybind11::arg("view"), pybind11::arg("stream"),
+      .def("record_many", &PinnedRing::record_many, pybind11::arg("views"), pybind11::arg("stream"),
            pybind11::arg("device"))
       .def("close", &PinnedRing::close, pybind11::arg("timeout"),
            pybind11::call_guard<pybind11::gil_scoped_release>())
@@ -90,21 +80,22 @@ PYBIND11_MODULE(_C, m) {
              d["waits"] = s.waits;
              d["wait_seconds"] = s.wait_seconds;
              d["pinned"] = s.pinned;
+             d["locked"] = s.locked;
              return d;
            })
       .def("blocks",
            [](PinnedRing& r) {
              pybind11::list out;
              for (const auto& b : r.blocks()) {
-               out.append(pybind11::make_tuple(b.id, b.offset, b.size, b.host_held,
-                                               b.pending_events));
+               out.append(
+                   pybind11::make_tuple(b.id, b.offset, b.size, b.host_held, b.pending_copies));
              }
              return out;
            })
       .def_property_readonly("capacity", &PinnedRing::capacity)
       .def_property_readonly("alignment", &PinnedRing::alignment)
       .def_property_readonly("pinned", &PinnedRing::pinned)
-      .def_property_readonly("base_address", &PinnedRing::base_address)
+      .def_property_readonly("data_address", &PinnedRing::data_address)
       .def_property_readonly("closed", &PinnedRing::closed);
 
   using torchfeed::SharedRing;
@@ -119,7 +110,7 @@ PYBIND11_MODULE(_C, m) {
       .def("abandon", &SharedRing::abandon, pybind11::arg("slot"), pybind11::arg("generation"))
       .def("view", &SharedRing::view, pybind11::arg("slot"), pybind11::arg("generation"),
            pybind11::arg("nbytes"))
-      .def("record", &SharedRing::record, pybind11::arg("view"), pybind11::arg("stream"),
+      .def("record_many", &SharedRing::record_many, pybind11::arg("views"), pybind11::arg("stream"),
            pybind11::arg("device"))
       .def("register_pinned", &SharedRing::register_pinned)
       .def("unregister_pinned", &SharedRing::unregister_pinned)

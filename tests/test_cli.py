@@ -13,7 +13,7 @@ import pytest
 import torch
 from torchvision.io import encode_jpeg
 
-from torchfeed.bench.dataset import list_image_folder, synthetic_image
+from torchfeed.pipeline_bench.dataset import list_image_folder, synthetic_image
 
 QUICK = ["--quick", "--images", "40", "--batch-size", "16", "--workers", "1",
          "--text-samples", "64", "--no-progress"]  # fmt: skip

@@ -15,11 +15,12 @@ from torchvision.io import ImageReadMode, decode_image
 
 import torchfeed
 import torchfeed.io as tio
+import torchfeed.ops.decode_jpeg_window as jpeg_op
 from torchfeed.io import DecodeRandomCrop, as_encoded, decode_window, image_size
 from torchfeed.transforms import resized_crop_box
 
 needs_window_decoder = pytest.mark.skipif(
-    not tio.WINDOW_DECODER, reason="built without libjpeg-turbo (build_info()['jpeg'] is None)"
+    not jpeg_op.WINDOW_DECODER, reason="built without libjpeg-turbo (build_info()['jpeg'] is None)"
 )
 
 
@@ -98,7 +99,7 @@ def test_window_equals_full_decode_sliced(kind):
 @needs_window_decoder
 def test_the_window_decoder_is_the_one_used_for_jpegs(monkeypatch):
     """Guards the test above: for JPEGs the op runs, not the torchvision fallback."""
-    monkeypatch.setattr(tio, "_decode_whole", None)  # any use of the fallback would raise
+    monkeypatch.setattr(tio, "decode_whole", None)  # any use of the fallback would raise
     data = JPEGS["4:2:0"]()
     assert decode_window(data, (10, 20, 30, 40)).shape == (3, 30, 40)
     assert image_size(data) == (123, 157)
@@ -125,7 +126,7 @@ def test_fallback_without_the_window_decoder(monkeypatch):
     """A build without libjpeg-turbo: the same pixels, from torchvision's decoder."""
     data = JPEGS["4:2:0"]()
     full = full_decode(data)
-    monkeypatch.setattr(tio, "WINDOW_DECODER", False)
+    monkeypatch.setattr(jpeg_op, "WINDOW_DECODER", False)
     assert image_size(data) == (123, 157)
     assert torch.equal(decode_window(data, (3, 4, 50, 60)), full[:, 3:53, 4:64])
     crop = DecodeRandomCrop(generator=torch.Generator().manual_seed(1), return_box=True)
@@ -135,7 +136,7 @@ def test_fallback_without_the_window_decoder(monkeypatch):
 
 def test_build_info_names_the_jpeg_library():
     jpeg = torchfeed.build_info()["jpeg"]
-    assert (jpeg is None) == (not tio.WINDOW_DECODER)
+    assert (jpeg is None) == (not jpeg_op.WINDOW_DECODER)
     if jpeg is not None:
         assert jpeg.startswith("libjpeg")
 

@@ -48,7 +48,7 @@ def test_every_batch_once_in_order_with_transform(use_ring):
     def transform(batch):
         return {"x": batch["x"] * 2, "i": batch["i"]}
 
-    prefetcher = DevicePrefetcher(loader, device="cpu", ring=ring, transform=transform)
+    prefetcher = DevicePrefetcher(loader, device="cpu", pinned_ring=ring, transform=transform)
     assert len(prefetcher) == len(loader) == 11
     for batch in prefetcher:
         assert torch.equal(batch["x"], 2 * batch["i"].view(-1, 1, 1).float().expand(-1, 3, 4))
@@ -63,8 +63,8 @@ def test_every_batch_once_in_order_with_transform(use_ring):
 def test_staged_batches_view_the_ring_on_cpu():
     ring = PinnedRing(1 << 16, pinned=False)
     loader = DataLoader(Numbers(10), batch_size=5)
-    batches = list(DevicePrefetcher(loader, device="cpu", ring=ring))
-    assert all(ring._in_ring(b["x"]) for b in batches)
+    batches = list(DevicePrefetcher(loader, device="cpu", pinned_ring=ring))
+    assert all(ring.contains(b["x"]) for b in batches)
     assert ring.stats()["blocks_in_flight"] == 2
     del batches
     assert ring.stats()["blocks_in_flight"] == 0
@@ -129,7 +129,7 @@ def test_overlaps_loading_with_the_step():
     [
         (dict(depth=0), ValueError, "depth must be an int >= 1"),
         (dict(transform=3), TypeError, "transform must be callable"),
-        (dict(ring="big"), TypeError, "ring must be a PinnedRing, None or False"),
+        (dict(pinned_ring="big"), TypeError, "pinned_ring must be a PinnedRing, None or False"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
@@ -158,7 +158,7 @@ def test_cuda_batches_arrive_correct_with_auto_ring():
         assert torch.equal(batch["x"], expect)
         seen.extend(batch["i"].tolist())
     assert seen == list(range(40))
-    assert prefetcher.ring is not None and prefetcher.ring.pinned
+    assert prefetcher.pinned_ring is not None and prefetcher.pinned_ring.pinned
     assert wait_for_no_threads()
 
 

@@ -10,5 +10,7 @@ enum class CpuIsa { kBaseline = 0, kAvx2 = 1 };
 CpuIsa cpu_isa();
 // The best supported ISA not above `limit`; returns the one now in use.
 CpuIsa limit_cpu_isa(CpuIsa limit);
+// "avx2" or "baseline".
+inline const char* cpu_isa_name(CpuIsa isa) { return isa == CpuIsa::kAvx2 ? "avx2" : "baseline"; }
 
 }  // namespace torchfeed

@@ -15,11 +15,21 @@ namespace torchfeed {
 template <typename F>
 void dispatch_element_bits(int64_t element_size, const char* op, F&& f) {
   switch (element_size) {
-    case 1: f(uint8_t{}); return;
-    case 2: f(uint16_t{}); return;
-    case 4: f(uint32_t{}); return;
-    case 8: f(uint64_t{}); return;
-    case 16: f(Bits128{}); return;
+    case 1:
+      f(uint8_t{});
+      return;
+    case 2:
+      f(uint16_t{});
+      return;
+    case 4:
+      f(uint32_t{});
+      return;
+    case 8:
+      f(uint64_t{});
+      return;
+    case 16:
+      f(Bits128{});
+      return;
     default:
       TORCH_CHECK_TYPE(false, op, ": unsupported element size ", element_size, " bytes");
   }

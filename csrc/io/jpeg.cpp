@@ -17,8 +17,8 @@
 #include <vector>
 
 // jpeglib.h needs size_t and FILE declared first.
-#include <jpeglib.h>
 #include <jerror.h>
+#include <jpeglib.h>
 
 namespace torchfeed::io {
 namespace {
@@ -161,38 +161,37 @@ bool supported(J_COLOR_SPACE space) {
 JpegInfo jpeg_info(const at::Tensor& data) {
   const uint8_t* bytes = checked_data(data, "jpeg_info");
   Decoder d;
-  TORCH_CHECK(read_header(d, bytes, data.numel()), "jpeg_info: not a readable JPEG: ",
-              d.err.message);
+  TORCH_CHECK(read_header(d, bytes, data.numel()),
+              "jpeg_info: not a readable JPEG: ", d.err.message);
   return {d.cinfo.image_height, d.cinfo.image_width, d.cinfo.num_components,
           supported(d.cinfo.jpeg_color_space)};
 }
 
-at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t left,
-                                  int64_t height, int64_t width) {
+at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t left, int64_t height,
+                                  int64_t width) {
   const uint8_t* bytes = checked_data(data, "decode_jpeg_window");
   Decoder d;
-  TORCH_CHECK(read_header(d, bytes, data.numel()), "decode_jpeg_window: not a readable JPEG: ",
-              d.err.message);
+  TORCH_CHECK(read_header(d, bytes, data.numel()),
+              "decode_jpeg_window: not a readable JPEG: ", d.err.message);
   const int64_t image_h = d.cinfo.image_height;
   const int64_t image_w = d.cinfo.image_width;
-  TORCH_CHECK_VALUE(supported(d.cinfo.jpeg_color_space),
-                    "decode_jpeg_window: colour space ", static_cast<int>(d.cinfo.jpeg_color_space),
+  TORCH_CHECK_VALUE(supported(d.cinfo.jpeg_color_space), "decode_jpeg_window: colour space ",
+                    static_cast<int>(d.cinfo.jpeg_color_space),
                     " (CMYK/YCCK) cannot be decoded to RGB here; decode the whole image instead");
   TORCH_CHECK_VALUE(height >= 1 && width >= 1,
                     "decode_jpeg_window: the window's height and width must be >= 1, got ", height,
                     " x ", width);
   TORCH_CHECK_VALUE(top >= 0 && left >= 0 && top + height <= image_h && left + width <= image_w,
                     "decode_jpeg_window: window (top ", top, ", left ", left, ", height ", height,
-                    ", width ", width, ") must lie inside the ", image_h, " x ", image_w,
-                    " image");
+                    ", width ", width, ") must lie inside the ", image_h, " x ", image_w, " image");
   // HWC memory, returned as a CHW view: the order torchvision's decoder returns.
   at::Tensor out = at::empty({height, width, 3}, data.options());
   const int rows_at_once = std::clamp(d.cinfo.max_v_samp_factor * DCTSIZE, 1, 16);
   // jpeg_crop_scanline never widens past the image
   std::vector<uint8_t> row(static_cast<size_t>(image_w) * 3 * rows_at_once);
-  TORCH_CHECK(read_window(d, {top, left, height, width}, out.data_ptr<uint8_t>(), row.data(),
-                          rows_at_once),
-              "decode_jpeg_window: corrupt JPEG: ", d.err.message);
+  TORCH_CHECK(
+      read_window(d, {top, left, height, width}, out.data_ptr<uint8_t>(), row.data(), rows_at_once),
+      "decode_jpeg_window: corrupt JPEG: ", d.err.message);
   return out.permute({2, 0, 1});
 }
 

@@ -20,8 +20,8 @@ JpegInfo jpeg_info(const at::Tensor& data);
 
 // The RGB pixels of rows [top, top + height) and columns [left, left + width): uint8
 // [3, height, width] in HWC memory order.
-at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t left,
-                                  int64_t height, int64_t width);
+at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t left, int64_t height,
+                                  int64_t width);
 
 std::string jpeg_library_version();
 

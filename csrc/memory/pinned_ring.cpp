@@ -1,13 +1,15 @@
 #include "memory/pinned_ring.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
+#include <unordered_set>
 
 #ifdef TORCHFEED_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -15,39 +17,39 @@
 
 namespace torchfeed {
 
-RingTimeoutError::RingTimeoutError(const std::string& what) : std::runtime_error(what) {}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr std::chrono::milliseconds kWakeSlice{100};
 
 #ifdef TORCHFEED_WITH_CUDA
 bool gpu_usable() {
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  if (!ok) (void)cudaGetLastError();
+  return ok;
 }
 
 void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
-    throw std::runtime_error(std::string("PinnedRing: ") + what + " failed: " +
-                             cudaGetErrorString(err));
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string("PinnedRing: ") + what +
+                             " failed: " + cudaGetErrorString(err));
   }
 }
 #endif
 
-// Whether every event has fired. An event in an error state counts as fired: the copy it
-// guarded is over, one way or the other, and the error surfaces on the stream's next sync.
-bool events_done(const std::vector<void*>& events) {
-#ifdef TORCHFEED_WITH_CUDA
-  for (void* e : events) {
-    const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(e));
-    if (err == cudaErrorNotReady) return false;
-    if (err != cudaSuccess) (void)cudaGetLastError();
+void check_memlock_limit(int64_t capacity) {
+  rlimit limit{};
+  if (geteuid() == 0 || getrlimit(RLIMIT_MEMLOCK, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return;  // root (CAP_IPC_LOCK) or no limit: mlock() itself says if it cannot
   }
-#else
-  (void)events;
-#endif
-  return true;
+  if (static_cast<uint64_t>(capacity) > static_cast<uint64_t>(limit.rlim_cur)) {
+    throw std::invalid_argument("PinnedRing: mlock=True needs " + std::to_string(capacity) +
+                                " bytes of locked memory but RLIMIT_MEMLOCK (`ulimit -l`) allows " +
+                                std::to_string(limit.rlim_cur) +
+                                " bytes; raise the limit or use mlock=False");
+  }
 }
 
 }  // namespace
@@ -62,6 +64,7 @@ std::shared_ptr<PinnedRing> PinnedRing::create(int64_t capacity, int64_t alignme
     throw std::invalid_argument("PinnedRing: alignment must be a power of two in [1, 4096], got " +
                                 std::to_string(alignment));
   }
+  check_ring_capacity("PinnedRing", capacity);
   bool use_pinned = false;
 #ifdef TORCHFEED_WITH_CUDA
   use_pinned = pinned == 1 || (pinned == -1 && gpu_usable());
@@ -77,6 +80,7 @@ std::shared_ptr<PinnedRing> PinnedRing::create(int64_t capacity, int64_t alignme
         "kernels (torchfeed.build_info())");
   }
 #endif
+  if (lock_memory && !use_pinned) check_memlock_limit(capacity);
   return std::shared_ptr<PinnedRing>(new PinnedRing(capacity, alignment, use_pinned, lock_memory));
 }
 
@@ -88,6 +92,7 @@ PinnedRing::PinnedRing(int64_t capacity, int64_t alignment, bool pinned, bool lo
     check_cuda(cudaHostAlloc(&p, static_cast<size_t>(capacity_), cudaHostAllocDefault),
                "cudaHostAlloc");
     base_ = static_cast<uint8_t*>(p);
+    locked_ = true;  // page-locked by the CUDA runtime
 #endif
   } else {
     void* p = nullptr;
@@ -111,22 +116,12 @@ PinnedRing::PinnedRing(int64_t capacity, int64_t alignment, bool pinned, bool lo
   }
   stats_.capacity = capacity_;
   stats_.pinned = pinned_;
+  stats_.locked = locked_;
 }
 
 PinnedRing::~PinnedRing() {
+  // Every pending copy's fence holds a reference to the ring: none is pending here.
   std::lock_guard<std::mutex> lock(mu_);
-#ifdef TORCHFEED_WITH_CUDA
-  // A copy may still be reading the arena: wait for it before the memory goes back.
-  for (Block& b : blocks_) {
-    for (void* e : b.events) {
-      (void)cudaEventSynchronize(static_cast<cudaEvent_t>(e));
-      (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
-    }
-  }
-  for (auto& [device, pool] : event_pool_) {
-    for (void* e : pool) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
-  }
-#endif
   free_arena_locked();
 }
 
@@ -151,11 +146,8 @@ int64_t PinnedRing::in_use_locked() const {
 
 void PinnedRing::reclaim_locked() {
   while (!blocks_.empty()) {
-    Block& front = blocks_.front();
-    if (front.host_held || !events_done(front.events)) break;
-    for (void* e : front.events) {
-      event_pool_[front.event_device].push_back(e);
-    }
+    const Block& front = blocks_.front();
+    if (front.host_held || front.pending_copies > 0) break;
     blocks_.pop_front();
   }
 }
@@ -204,20 +196,20 @@ at::Tensor PinnedRing::allocate(int64_t nbytes, double timeout_s) {
     throw std::invalid_argument("PinnedRing.allocate: nbytes must be >= 0, got " +
                                 std::to_string(nbytes));
   }
+  // Before any arithmetic on it: a request near the int64 limit would overflow the rounding.
+  if (nbytes > capacity_) {
+    throw std::invalid_argument("PinnedRing.allocate: a request of " + std::to_string(nbytes) +
+                                " bytes is larger than the ring's capacity of " +
+                                std::to_string(capacity_) + " bytes");
+  }
+  const Deadline deadline("PinnedRing.allocate", timeout_s);
   if (nbytes == 0) {
     // Nothing to hold: a zero-size block would sit at the tail with the offset of the oldest
     // block and make a wrapped ring look unwrapped.
     return at::empty({0}, at::TensorOptions().dtype(at::kByte));
   }
-  const int64_t size = (nbytes + alignment_ - 1) / alignment_ * alignment_;
-  if (size > capacity_) {
-    throw std::invalid_argument("PinnedRing.allocate: a request of " + std::to_string(nbytes) +
-                                " bytes is larger than the ring's capacity of " +
-                                std::to_string(capacity_) + " bytes");
-  }
+  const int64_t size = std::min(capacity_, (nbytes + alignment_ - 1) / alignment_ * alignment_);
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(timeout_s));
   std::unique_lock<std::mutex> lock(mu_);
   bool waited = false;
   int64_t offset = 0;
@@ -226,19 +218,11 @@ at::Tensor PinnedRing::allocate(int64_t nbytes, double timeout_s) {
     reclaim_locked();
     if (fits_locked(size, &offset)) break;
     waited = true;
-    if (Clock::now() >= deadline) {
-      throw RingTimeoutError("PinnedRing.allocate: timed out after " +
-                             std::to_string(timeout_s) + " s waiting for space: " +
-                             describe_locked(nbytes));
+    if (deadline.passed()) {
+      throw RingTimeoutError("PinnedRing.allocate: timed out " + deadline.describe() +
+                             " waiting for space: " + describe_locked(nbytes));
     }
-    if (blocks_.front().host_held) {
-      released_.wait_until(lock, deadline);
-    } else {
-      // Waiting on the oldest block's copy: poll its events without holding the lock.
-      lock.unlock();
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-      lock.lock();
-    }
+    released_.wait_until(lock, deadline.next_wake(kWakeSlice));
   }
   if (waited) {
     stats_.waits += 1;
@@ -252,87 +236,85 @@ at::Tensor PinnedRing::allocate(int64_t nbytes, double timeout_s) {
   stats_.allocations += 1;
   stats_.high_water = std::max(stats_.high_water, in_use_locked());
 
-  std::weak_ptr<PinnedRing> ring = weak_from_this();
   std::shared_ptr<PinnedRing> keep = shared_from_this();
   const int64_t id = block.id;
   // The storage holds the ring alive (the arena cannot be freed under a view) and releases the
   // block when the last view of it is freed: the consumer's side of the fence.
   return at::from_blob(
-      base_ + offset, {nbytes},
-      [keep, id](void*) { keep->host_release(id); },
+      base_ + offset, {nbytes}, [keep, id](void*) { keep->host_release(id); },
       at::TensorOptions().dtype(at::kByte).device(at::kCPU));
+}
+
+PinnedRing::Block* PinnedRing::find_locked(int64_t id) {
+  for (Block& b : blocks_) {
+    if (b.id == id) return &b;
+  }
+  return nullptr;
 }
 
 void PinnedRing::host_release(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (Block& b : blocks_) {
-    if (b.id == id) {
-      b.host_held = false;
-      break;
-    }
-  }
-  if (closed_) {
-    reclaim_locked();
-    if (blocks_.empty()) free_arena_locked();
-  }
+  if (Block* b = find_locked(id)) b->host_held = false;
+  reclaim_locked();
+  if (closed_ && blocks_.empty()) free_arena_locked();
   released_.notify_all();
 }
 
-void PinnedRing::record(const at::Tensor& view, int64_t stream, int64_t device) {
-#ifdef TORCHFEED_WITH_CUDA
+void PinnedRing::copies_done(int64_t id) {  // on a CUDA driver thread: no CUDA calls here
   std::lock_guard<std::mutex> lock(mu_);
-  const auto* p = static_cast<const uint8_t*>(view.data_ptr());
-  const int64_t offset = p - base_;
-  for (Block& b : blocks_) {
-    if (offset >= b.offset && offset < b.offset + b.size) {
-      if (!b.events.empty() && b.event_device != device) {
-        throw std::invalid_argument("PinnedRing.record: a block's copies must all go to one device");
+  if (Block* b = find_locked(id)) b->pending_copies -= 1;
+  reclaim_locked();
+  if (closed_ && blocks_.empty()) free_arena_locked();
+  released_.notify_all();
+}
+
+int64_t PinnedRing::record_many(const std::vector<at::Tensor>& views, int64_t stream,
+                                int64_t device) {
+  std::vector<int64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::unordered_set<int64_t> seen;
+    for (const at::Tensor& view : views) {
+      const int64_t offset = reinterpret_cast<int64_t>(view.data_ptr()) - data_address();
+      const Block* found = nullptr;
+      for (const Block& b : blocks_) {
+        if (offset >= b.offset && offset < b.offset + b.size) found = &b;
       }
-      b.event_device = device;
-      std::vector<void*>& pool = event_pool_[device];
-      cudaEvent_t e;
-      if (!pool.empty()) {
-        e = static_cast<cudaEvent_t>(pool.back());
-        pool.pop_back();
-      } else {
-        int current = 0;
-        check_cuda(cudaGetDevice(&current), "cudaGetDevice");
-        check_cuda(cudaSetDevice(static_cast<int>(device)), "cudaSetDevice");
-        const cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-        (void)cudaSetDevice(current);
-        check_cuda(err, "cudaEventCreate");
+      if (found == nullptr) {
+        throw std::invalid_argument(
+            "PinnedRing.record_many: a tensor does not view a live block of this ring");
       }
-      check_cuda(cudaEventRecord(e, reinterpret_cast<cudaStream_t>(stream)), "cudaEventRecord");
-      b.events.push_back(e);
-      return;
+      if (seen.insert(found->id).second) ids.push_back(found->id);
+    }
+    for (int64_t id : ids) find_locked(id)->pending_copies += 1;
+  }
+  std::shared_ptr<PinnedRing> keep = shared_from_this();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t id = ids[i];
+    try {
+      after_stream_work("PinnedRing.record_many", stream, device,
+                        [keep, id] { keep->copies_done(id); });
+    } catch (...) {
+      for (size_t j = i; j < ids.size(); ++j) copies_done(ids[j]);  // nothing will fire
+      throw;
     }
   }
-  throw std::invalid_argument("PinnedRing.record: the tensor does not view a live block of this ring");
-#else
-  (void)view;
-  (void)stream;
-  (void)device;
-  throw std::invalid_argument(
-      "PinnedRing.record: this build of torchfeed has no CUDA support; there is no copy to fence");
-#endif
+  return static_cast<int64_t>(ids.size());
 }
 
 void PinnedRing::close(double timeout_s) {
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeout_s));
+  const Deadline deadline("PinnedRing.close", timeout_s);
   std::unique_lock<std::mutex> lock(mu_);
   closed_ = true;
   for (;;) {
     bool pending = false;
-    for (const Block& b : blocks_) pending = pending || !events_done(b.events);
+    for (const Block& b : blocks_) pending = pending || b.pending_copies > 0;
     if (!pending) break;
-    if (Clock::now() >= deadline) {
-      throw RingTimeoutError("PinnedRing.close: copies from the ring are still in flight after " +
-                             std::to_string(timeout_s) + " s");
+    if (deadline.passed()) {
+      throw RingTimeoutError("PinnedRing.close: copies from the ring are still in flight " +
+                             deadline.describe());
     }
-    lock.unlock();
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-    lock.lock();
+    released_.wait_until(lock, deadline.next_wake(kWakeSlice));
   }
   reclaim_locked();
   // Views still alive keep the arena (they hold the ring); it goes when the last one does.
@@ -358,11 +340,7 @@ std::vector<RingBlockInfo> PinnedRing::blocks() {
   reclaim_locked();
   std::vector<RingBlockInfo> out;
   for (const Block& b : blocks_) {
-    int64_t pending = 0;
-#ifdef TORCHFEED_WITH_CUDA
-    for (void* e : b.events) pending += cudaEventQuery(static_cast<cudaEvent_t>(e)) == cudaErrorNotReady;
-#endif
-    out.push_back(RingBlockInfo{b.id, b.offset, b.size, b.host_held, pending});
+    out.push_back(RingBlockInfo{b.id, b.offset, b.size, b.host_held, b.pending_copies});
   }
   return out;
 }

@@ -1,7 +1,7 @@
 // PinnedRing: one page-locked (or page-aligned) host arena, carved into exact-size blocks in FIFO
 // order with wrap-around. A block's bytes are handed out again only after its fence completed:
-// every host tensor viewing it has been freed (the consumer released it) and every CUDA event
-// recorded after its host-to-device copies has fired.
+// every host tensor viewing it has been freed (the consumer released it) and every copy from it
+// recorded with record_many() has finished (memory/fence.h).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,52 +9,51 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
-namespace torchfeed {
+#include "memory/fence.h"
 
-// A full ring stayed full for the whole timeout (Python: TimeoutError).
-struct RingTimeoutError : std::runtime_error {
-  explicit RingTimeoutError(const std::string& what);
-};
+namespace torchfeed {
 
 struct RingStats {
   int64_t capacity = 0;
-  int64_t bytes_in_use = 0;   // live blocks, plus the unusable tail skipped by a wrap
-  int64_t high_water = 0;     // the most bytes_in_use ever reached
+  int64_t bytes_in_use = 0;  // live blocks, plus the unusable tail skipped by a wrap
+  int64_t high_water = 0;    // the most bytes_in_use ever reached
   int64_t blocks_in_flight = 0;
   int64_t allocations = 0;
   int64_t waits = 0;          // allocations that had to wait for a fence
   double wait_seconds = 0.0;  // total time spent waiting
-  bool pinned = false;
+  bool pinned = false;        // page-locked through the CUDA runtime
+  bool locked = false;        // mlock()-ed
 };
 
 struct RingBlockInfo {
   int64_t id, offset, size;
   bool host_held;
-  int64_t pending_events;
+  int64_t pending_copies;
 };
 
 class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
  public:
   // pinned: 1 require page-locked memory (CUDA), 0 ordinary page-aligned memory, -1 page-locked
-  // when a GPU is usable now. lock_memory: mlock() ordinary memory.
+  // when a GPU is usable now. lock_memory: mlock() ordinary memory (refused beyond
+  // RLIMIT_MEMLOCK, with the numbers).
   static std::shared_ptr<PinnedRing> create(int64_t capacity, int64_t alignment, int pinned,
                                             bool lock_memory);
   ~PinnedRing();
 
-  // A uint8 tensor [nbytes] over a fresh block. Blocks (up to timeout_s) while the ring is full;
-  // the block is held until the tensor's storage (and every view of it) is freed.
+  // A uint8 tensor [nbytes] over a fresh block. Blocks while the ring is full, up to timeout_s
+  // (< 0: without limit); the block is held until the tensor's storage (and every view of it)
+  // is freed.
   at::Tensor allocate(int64_t nbytes, double timeout_s);
-  // Fences the block under `view` with an event recorded now on `stream` (a cudaStream_t as an
-  // integer, on `device`): enqueue the block's copies first, then record.
-  void record(const at::Tensor& view, int64_t stream, int64_t device);
-  // Frees the arena once no fence is pending; waits up to timeout_s for pending ones.
+  // Fences the blocks under `views` (each once) after the work queued now on `stream` (a
+  // cudaStream_t as an integer, on `device`): enqueue the copies first. Returns how many.
+  int64_t record_many(const std::vector<at::Tensor>& views, int64_t stream, int64_t device);
+  // No more allocations; frees the arena once no copy from it is pending (waits up to
+  // timeout_s, < 0: without limit, for those).
   void close(double timeout_s);
 
   RingStats stats();
@@ -63,19 +62,20 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
   int64_t alignment() const { return alignment_; }
   bool pinned() const { return pinned_; }
   // Where the arena starts (0 once freed): tells ring tensors from others.
-  int64_t base_address() const { return reinterpret_cast<int64_t>(base_); }
+  int64_t data_address() const { return reinterpret_cast<int64_t>(base_); }
   bool closed();
 
  private:
   struct Block {
     int64_t id, offset, size;
     bool host_held = true;
-    std::vector<void*> events;  // cudaEvent_t, all on event_device
-    int64_t event_device = -1;
+    int64_t pending_copies = 0;
   };
 
   PinnedRing(int64_t capacity, int64_t alignment, bool pinned, bool lock_memory);
   void host_release(int64_t id);
+  void copies_done(int64_t id);
+  Block* find_locked(int64_t id);
   // Pops the leading blocks whose fences completed.
   void reclaim_locked();
   bool fits_locked(int64_t size, int64_t* offset);
@@ -91,7 +91,6 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
   std::mutex mu_;
   std::condition_variable released_;
   std::deque<Block> blocks_;
-  std::map<int64_t, std::vector<void*>> event_pool_;  // fired events, per device, for reuse
   int64_t next_id_ = 0;
   bool closed_ = false;
   RingStats stats_;

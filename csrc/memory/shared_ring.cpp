@@ -12,8 +12,6 @@
 #include <stdexcept>
 #include <utility>
 
-#include "memory/pinned_ring.h"  // RingTimeoutError
-
 #ifdef TORCHFEED_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -26,9 +24,7 @@ constexpr int32_t kFree = 0;
 constexpr int32_t kWorker = 1;
 constexpr int32_t kConsumer = 2;
 
-bool process_alive(int32_t pid) {
-  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
-}
+bool process_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
@@ -65,6 +61,7 @@ std::shared_ptr<SharedRing> SharedRing::create(int fd, int64_t capacity, int64_t
     throw std::invalid_argument("SharedRing: alignment must be a power of two in [1, 4096], got " +
                                 std::to_string(alignment));
   }
+  check_ring_capacity("SharedRing", capacity);
   const int64_t size = mapping_size(capacity);
   if (ftruncate(fd, size) != 0) {
     throw std::runtime_error("SharedRing: cannot size the shared memory to " +
@@ -112,19 +109,17 @@ std::shared_ptr<SharedRing> SharedRing::attach(int fd) {
 
 SharedRing::~SharedRing() {
   unregister_pinned();
-#ifdef TORCHFEED_WITH_CUDA
-  for (void* e : event_pool_) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
-#endif
   munmap(reinterpret_cast<void*>(base_), static_cast<size_t>(size_));
 }
 
 at::Tensor SharedRing::region(int64_t offset, int64_t nbytes) {
-  if (offset < 0 || nbytes < 0 || offset + nbytes > size_) {
+  if (offset < 0 || nbytes < 0 || offset > size_ || nbytes > size_ - offset) {
     throw std::invalid_argument("SharedRing.region: out of the mapping");
   }
   std::shared_ptr<SharedRing> keep = shared_from_this();
-  return at::from_blob(reinterpret_cast<void*>(base_ + offset), {nbytes},
-                       [keep](void*) {}, at::TensorOptions().dtype(at::kByte).device(at::kCPU));
+  return at::from_blob(
+      reinterpret_cast<void*>(base_ + offset), {nbytes}, [keep](void*) {},
+      at::TensorOptions().dtype(at::kByte).device(at::kCPU));
 }
 
 void SharedRing::lock() {
@@ -144,21 +139,14 @@ std::tuple<int64_t, int64_t, int64_t> SharedRing::acquire(int64_t nbytes, double
     throw std::invalid_argument("SharedRing.acquire: nbytes must be >= 0, got " +
                                 std::to_string(nbytes));
   }
-  const int64_t size = align_up(std::max<int64_t>(nbytes, 1), c->alignment);
-  if (size > c->capacity) {
+  // Before any arithmetic on it: a request near the int64 limit would overflow the rounding.
+  if (nbytes > c->capacity) {
     throw std::invalid_argument("SharedRing.acquire: a batch of " + std::to_string(nbytes) +
                                 " bytes is larger than the ring's capacity of " +
                                 std::to_string(c->capacity) + " bytes");
   }
-  timespec deadline;
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  const double whole = static_cast<double>(static_cast<int64_t>(timeout_s));
-  deadline.tv_sec += static_cast<time_t>(whole);
-  deadline.tv_nsec += static_cast<long>((timeout_s - whole) * 1e9);
-  if (deadline.tv_nsec >= 1000000000L) {
-    deadline.tv_sec += 1;
-    deadline.tv_nsec -= 1000000000L;
-  }
+  const int64_t size = std::min(c->capacity, align_up(std::max<int64_t>(nbytes, 1), c->alignment));
+  const Deadline deadline("SharedRing.acquire", timeout_s);
   lock();
   bool waited = false;
   for (;;) {
@@ -191,7 +179,7 @@ std::tuple<int64_t, int64_t, int64_t> SharedRing::acquire(int64_t nbytes, double
       for (const auto& u : used) in_use += u.second;
       c->high_water = std::max(c->high_water, in_use);
       const std::tuple<int64_t, int64_t, int64_t> result{free_slot, s.generation,
-                                                          c->data_offset + at};
+                                                         c->data_offset + at};
       unlock();
       return result;
     }
@@ -208,9 +196,7 @@ std::tuple<int64_t, int64_t, int64_t> SharedRing::acquire(int64_t nbytes, double
       continue;
     }
     waited = true;
-    const int rc = pthread_cond_timedwait(&c->released, &c->mu, &deadline);
-    if (rc == EOWNERDEAD) pthread_mutex_consistent(&c->mu);
-    if (rc == ETIMEDOUT) {
+    if (deadline.passed()) {
       int64_t in_use = 0, by_workers = 0, by_consumer = 0;
       for (const SharedSlot& s : c->slots) {
         if (s.state == kFree) continue;
@@ -220,17 +206,25 @@ std::tuple<int64_t, int64_t, int64_t> SharedRing::acquire(int64_t nbytes, double
       const int64_t cap = c->capacity;
       unlock();
       throw RingTimeoutError(
-          "SharedRing.acquire: timed out after " + std::to_string(timeout_s) +
-          " s waiting for space: capacity " + std::to_string(cap) + " bytes, " +
-          std::to_string(in_use) + " bytes in use by " + std::to_string(by_consumer) +
-          " batch(es) the consumer still holds and " + std::to_string(by_workers) +
-          " being written or in transit, request " + std::to_string(nbytes) +
-          " bytes (a larger ring, or release batches sooner)");
+          "SharedRing.acquire: timed out " + deadline.describe() + " waiting for space: capacity " +
+          std::to_string(cap) + " bytes, " + std::to_string(in_use) + " bytes in use by " +
+          std::to_string(by_consumer) + " batch(es) the consumer still holds and " +
+          std::to_string(by_workers) + " being written or in transit, request " +
+          std::to_string(nbytes) + " bytes (a larger ring, or release batches sooner)");
     }
+    // Wake at the deadline, or now and then when waiting without one (to look for dead workers).
+    int64_t sec = 0, nsec = 0;
+    deadline.next_wake_monotonic(std::chrono::milliseconds(200), &sec, &nsec);
+    const timespec wake{static_cast<time_t>(sec), static_cast<long>(nsec)};
+    const int rc = pthread_cond_timedwait(&c->released, &c->mu, &wake);
+    if (rc == EOWNERDEAD) pthread_mutex_consistent(&c->mu);
   }
 }
 
 void SharedRing::abandon(int64_t slot, int64_t generation) {
+  if (slot < 0 || slot >= kSharedRingSlots) {
+    throw std::invalid_argument("SharedRing.abandon: no slot " + std::to_string(slot));
+  }
   lock();
   SharedSlot& s = control_->slots[slot];
   if (s.generation == generation && s.state == kWorker) {
@@ -257,7 +251,7 @@ at::Tensor SharedRing::view(int64_t slot, int64_t generation, int64_t nbytes) {
   unlock();
   {
     std::lock_guard<std::mutex> guard(local_mu_);
-    local_[slot] = Local{generation, true, {}};
+    local_[slot] = Local{generation, true, 0};
   }
   std::shared_ptr<SharedRing> keep = shared_from_this();
   return at::from_blob(
@@ -280,14 +274,8 @@ void SharedRing::release_if_done(int64_t slot, int64_t generation) {
     std::lock_guard<std::mutex> guard(local_mu_);
     auto it = local_.find(slot);
     if (it == local_.end() || it->second.generation != generation) return;
-    Local& l = it->second;
-    if (l.host_held) return;
-#ifdef TORCHFEED_WITH_CUDA
-    for (void* e : l.events) {
-      if (cudaEventQuery(static_cast<cudaEvent_t>(e)) == cudaErrorNotReady) return;
-    }
-    for (void* e : l.events) event_pool_.push_back(e);
-#endif
+    const Local& l = it->second;
+    if (l.host_held || l.pending_copies > 0) return;
     local_.erase(it);
   }
   lock();
@@ -299,79 +287,55 @@ void SharedRing::release_if_done(int64_t slot, int64_t generation) {
   unlock();
 }
 
-void SharedRing::poll_fences() {
-  std::vector<std::pair<int64_t, int64_t>> candidates;
+void SharedRing::copies_done(int64_t slot, int64_t generation) {
+  // On a CUDA driver thread: no CUDA calls here (release_if_done makes none).
   {
     std::lock_guard<std::mutex> guard(local_mu_);
-    for (const auto& [slot, l] : local_) {
-      if (!l.host_held && !l.events.empty()) candidates.emplace_back(slot, l.generation);
-    }
+    auto it = local_.find(slot);
+    if (it == local_.end() || it->second.generation != generation) return;
+    it->second.pending_copies -= 1;
   }
-  for (const auto& [slot, gen] : candidates) release_if_done(slot, gen);
+  release_if_done(slot, generation);
 }
 
-#ifdef TORCHFEED_WITH_CUDA
-namespace {
-struct FenceCallback {
-  std::shared_ptr<SharedRing> ring;
-  int64_t slot, generation;
-};
-}  // namespace
-#endif
-
-void SharedRing::record(const at::Tensor& view, int64_t stream, int64_t device) {
-#ifdef TORCHFEED_WITH_CUDA
-  const int64_t offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(view.data_ptr())) -
-                         data_address();
-  int64_t slot = -1, generation = 0;
+int64_t SharedRing::record_many(const std::vector<at::Tensor>& views, int64_t stream,
+                                int64_t device) {
+  std::vector<std::pair<int64_t, int64_t>> regions;  // (slot, generation), each once
   lock();
-  for (int i = 0; i < kSharedRingSlots; ++i) {
-    const SharedSlot& s = control_->slots[i];
-    if (s.state == kConsumer && offset >= s.offset && offset < s.offset + s.size) {
-      slot = i;
-      generation = s.generation;
+  for (const at::Tensor& view : views) {
+    const int64_t offset =
+        static_cast<int64_t>(reinterpret_cast<uintptr_t>(view.data_ptr())) - data_address();
+    int64_t slot = -1;
+    for (int i = 0; i < kSharedRingSlots; ++i) {
+      const SharedSlot& s = control_->slots[i];
+      if (s.state == kConsumer && offset >= s.offset && offset < s.offset + s.size) slot = i;
     }
+    if (slot < 0) {
+      unlock();
+      throw std::invalid_argument("SharedRing.record_many: a tensor does not view a held region");
+    }
+    const std::pair<int64_t, int64_t> r{slot, control_->slots[slot].generation};
+    if (std::find(regions.begin(), regions.end(), r) == regions.end()) regions.push_back(r);
   }
   unlock();
-  if (slot < 0) {
-    throw std::invalid_argument("SharedRing.record: the tensor does not view a held region");
-  }
-  cudaEvent_t e;
   {
     std::lock_guard<std::mutex> guard(local_mu_);
-    if (!event_pool_.empty()) {
-      e = static_cast<cudaEvent_t>(event_pool_.back());
-      event_pool_.pop_back();
-    } else if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
-      throw std::runtime_error("SharedRing.record: cudaEventCreate failed");
+    for (const auto& [slot, generation] : regions) local_[slot].pending_copies += 1;
+  }
+  // Released from the stream itself once the copies are done: the workers waiting for space are
+  // in other processes and wait on the shared condition the release broadcasts.
+  std::shared_ptr<SharedRing> keep = shared_from_this();
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const auto [slot, generation] = regions[i];
+    try {
+      after_stream_work("SharedRing.record_many", stream, device,
+                        [keep, slot, generation] { keep->copies_done(slot, generation); });
+    } catch (...) {
+      for (size_t j = i; j < regions.size(); ++j) copies_done(regions[j].first, regions[j].second);
+      throw;
     }
-    local_[slot].events.push_back(e);
   }
-  (void)device;
-  auto s = reinterpret_cast<cudaStream_t>(stream);
-  if (cudaEventRecord(e, s) != cudaSuccess) {
-    throw std::runtime_error("SharedRing.record: cudaEventRecord failed");
-  }
-  // Release from the stream itself once the copy is done: the workers waiting for space are in
-  // other processes and cannot poll this process's events.
-  auto* cb = new FenceCallback{shared_from_this(), slot, generation};
-  const cudaError_t err = cudaLaunchHostFunc(
-      s,
-      [](void* p) {
-        std::unique_ptr<FenceCallback> f(static_cast<FenceCallback*>(p));
-        f->ring->release_if_done(f->slot, f->generation);
-      },
-      cb);
-  if (err != cudaSuccess) {
-    delete cb;
-    throw std::runtime_error("SharedRing.record: cudaLaunchHostFunc failed");
-  }
-#else
-  (void)view;
-  (void)stream;
-  (void)device;
-  throw std::invalid_argument("SharedRing.record: this build of torchfeed has no CUDA support");
-#endif
+  return static_cast<int64_t>(regions.size());
 }
 
 bool SharedRing::register_pinned() {
@@ -415,7 +379,6 @@ int64_t SharedRing::reclaim_if(Pred stale) {
 }
 
 int64_t SharedRing::reclaim_dead() {
-  poll_fences();
   return reclaim_if([](const SharedSlot& s) { return !process_alive(s.pid); });
 }
 
@@ -431,7 +394,6 @@ int64_t SharedRing::next_generation() {
 }
 
 std::map<std::string, int64_t> SharedRing::stats() {
-  poll_fences();
   lock();
   const SharedControl* c = control_;
   int64_t in_use = 0, by_workers = 0, by_consumer = 0;
@@ -440,14 +402,11 @@ std::map<std::string, int64_t> SharedRing::stats() {
     in_use += s.size;
     (s.state == kWorker ? by_workers : by_consumer) += 1;
   }
-  std::map<std::string, int64_t> out{{"capacity", c->capacity},
-                                     {"bytes_in_use", in_use},
-                                     {"regions_in_workers", by_workers},
-                                     {"regions_in_consumer", by_consumer},
-                                     {"allocations", c->allocations},
-                                     {"waits", c->waits},
-                                     {"reclaimed", c->reclaimed},
-                                     {"high_water", c->high_water}};
+  std::map<std::string, int64_t> out{
+      {"capacity", c->capacity},          {"bytes_in_use", in_use},
+      {"regions_in_workers", by_workers}, {"regions_in_consumer", by_consumer},
+      {"allocations", c->allocations},    {"waits", c->waits},
+      {"reclaimed", c->reclaimed},        {"high_water", c->high_water}};
   unlock();
   return out;
 }

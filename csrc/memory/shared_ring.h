@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "memory/fence.h"
+
 namespace torchfeed {
 
 constexpr int kSharedRingSlots = 128;
@@ -59,15 +61,17 @@ class SharedRing : public std::enable_shared_from_this<SharedRing> {
   at::Tensor region(int64_t offset, int64_t nbytes);
 
   // Worker: a region of nbytes; (slot, generation, offset from the mapping base). Waits up to
-  // timeout_s (reclaiming regions of dead workers), then throws RingTimeoutError.
+  // timeout_s (< 0: without limit; reclaiming regions of dead workers meanwhile), then throws
+  // RingTimeoutError.
   std::tuple<int64_t, int64_t, int64_t> acquire(int64_t nbytes, double timeout_s);
   // Worker: a region that will not be handed over after all (e.g. the collate failed).
   void abandon(int64_t slot, int64_t generation);
   // Main: a uint8 tensor over the region of a handle; the region is released when the tensor
-  // and all its views are freed and the copy events recorded for it have fired.
+  // and all its views are freed and the copies recorded for it have finished.
   at::Tensor view(int64_t slot, int64_t generation, int64_t nbytes);
-  // Main: fences the region under `view` with an event recorded now on `stream`.
-  void record(const at::Tensor& view, int64_t stream, int64_t device);
+  // Main: fences the regions under `views` (each once) after the work queued now on `stream`
+  // (memory/fence.h); returns how many.
+  int64_t record_many(const std::vector<at::Tensor>& views, int64_t stream, int64_t device);
   // Main: page-locks the data area with cudaHostRegister (returns false without a GPU).
   bool register_pinned();
   void unregister_pinned();
@@ -90,23 +94,22 @@ class SharedRing : public std::enable_shared_from_this<SharedRing> {
   void lock();
   void unlock() { pthread_mutex_unlock(&control_->mu); }
   void release_if_done(int64_t slot, int64_t generation);
+  void copies_done(int64_t slot, int64_t generation);
   template <typename Pred>
   int64_t reclaim_if(Pred stale);  // frees worker-held regions for which stale(slot) holds
-  void poll_fences();
 
   int64_t base_;
   int64_t size_;
   SharedControl* control_;
   bool pinned_ = false;
-  // main-process side: host views alive and copy events per slot
+  // main-process side: host views alive and copies pending per slot
   std::mutex local_mu_;
   struct Local {
     int64_t generation;
     bool host_held;
-    std::vector<void*> events;
+    int64_t pending_copies;
   };
   std::map<int64_t, Local> local_;
-  std::vector<void*> event_pool_;
 };
 
 }  // namespace torchfeed

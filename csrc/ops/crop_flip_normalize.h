@@ -41,12 +41,12 @@ TF_HOST_DEVICE TF_INLINE AxisGeom load_axis(const double* g) {
 }
 
 struct AxisPlan {
-  int64_t base;       // floor(start): taps are relative to it
-  int64_t hi;         // end of the taps, relative to base
-  int64_t offset;     // out_offset
-  float frac;         // start - base
-  float scale;        // extent / out_virtual, in float as PyTorch computes it
-  bool identity;      // extent == out_virtual on a whole pixel: PyTorch copies
+  int64_t base;    // floor(start): taps are relative to it
+  int64_t hi;      // end of the taps, relative to base
+  int64_t offset;  // out_offset
+  float frac;      // start - base
+  float scale;     // extent / out_virtual, in float as PyTorch computes it
+  bool identity;   // extent == out_virtual on a whole pixel: PyTorch copies
 };
 
 TF_HOST_DEVICE TF_INLINE AxisPlan plan_axis(const AxisGeom& g) {
@@ -84,8 +84,8 @@ TF_HOST_DEVICE TF_INLINE float tap_weight(const TapSpan& s, int64_t j) {
     // PyTorch: filter((j + xmin - center + 0.5) * invscale); the int-minus-float is float, the
     // rest double, the filter's argument float.
     const float d = static_cast<float>(j + s.first) - s.center;
-    return triangle(static_cast<float>((static_cast<double>(d) + 0.5) *
-                                       static_cast<double>(s.invscale)));
+    return triangle(
+        static_cast<float>((static_cast<double>(d) + 0.5) * static_cast<double>(s.invscale)));
   }
   if (s.mode == 1) {
     if (s.count == 1) return 1.0f;
@@ -125,9 +125,8 @@ TF_HOST_DEVICE TF_INLINE TapSpan tap_span(const AxisPlan& p, int64_t i, int64_t 
       return s;
     }
     // area_pixel_compute_source_index: scale * (dst + 0.5) - 0.5 through double, clamped at 0.
-    float real = static_cast<float>(static_cast<double>(p.scale) *
-                                        (static_cast<double>(o) + 0.5) -
-                                    0.5);
+    float real =
+        static_cast<float>(static_cast<double>(p.scale) * (static_cast<double>(o) + 0.5) - 0.5);
     if (real < 0.0f) real = 0.0f;
     real += p.frac;
     // guard_index_and_lambda
@@ -145,8 +144,8 @@ TF_HOST_DEVICE TF_INLINE TapSpan tap_span(const AxisPlan& p, int64_t i, int64_t 
   const float scale = p.scale;
   const float support = scale >= 1.0f ? scale : 1.0f;
   s.invscale = scale >= 1.0f ? 1.0f / scale : 1.0f;
-  s.center = static_cast<float>(static_cast<double>(scale) * (static_cast<double>(o) + 0.5)) +
-             p.frac;
+  s.center =
+      static_cast<float>(static_cast<double>(scale) * (static_cast<double>(o) + 0.5)) + p.frac;
   int64_t xmin = static_cast<int64_t>(static_cast<double>(s.center - support) + 0.5);
   if (xmin < 0) xmin = 0;
   int64_t xmax = static_cast<int64_t>(static_cast<double>(s.center + support) + 0.5);
@@ -243,9 +242,8 @@ TF_HOST_DEVICE TF_INLINE bool vertical_element(int64_t i, const ImageDesc* image
 
 // One thread of the horizontal pass: output element i of [B, C, out_h, out_w] (in that
 // logical order), normalized; *offset receives its position in the strided output.
-TF_HOST_DEVICE TF_INLINE float horizontal_element(int64_t i, const double* grid,
-                                                  const bool* flips, const float* scratch,
-                                                  const ChannelAffine* affine,
+TF_HOST_DEVICE TF_INLINE float horizontal_element(int64_t i, const double* grid, const bool* flips,
+                                                  const float* scratch, const ChannelAffine* affine,
                                                   const LaunchShape& p, int64_t* offset) {
   const int64_t x = i % p.out_w;
   int64_t rest = i / p.out_w;

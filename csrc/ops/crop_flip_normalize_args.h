@@ -27,20 +27,20 @@ inline void check_common(const char* op, int64_t batch, int64_t channels, const 
                     ": interpolation must be 0 (nearest) or 1 (bilinear), got ", interpolation);
   TORCH_CHECK_TYPE(grid.scalar_type() == at::kDouble, op, ": grid must be float64, got ",
                    grid.scalar_type());
-  TORCH_CHECK_VALUE(grid.dim() == 2 && grid.size(0) == batch && grid.size(1) == kGeomPerImage,
-                    op, ": grid must have shape [", batch, ", ", kGeomPerImage, "], got ",
+  TORCH_CHECK_VALUE(grid.dim() == 2 && grid.size(0) == batch && grid.size(1) == kGeomPerImage, op,
+                    ": grid must have shape [", batch, ", ", kGeomPerImage, "], got ",
                     grid.sizes());
   TORCH_CHECK_TYPE(flips.scalar_type() == at::kBool, op, ": flips must be bool, got ",
                    flips.scalar_type());
-  TORCH_CHECK_VALUE(flips.dim() == 1 && flips.size(0) == batch, op,
-                    ": flips must have shape [", batch, "], got ", flips.sizes());
+  TORCH_CHECK_VALUE(flips.dim() == 1 && flips.size(0) == batch, op, ": flips must have shape [",
+                    batch, "], got ", flips.sizes());
   TORCH_CHECK_VALUE(grid.device() == device && flips.device() == device, op,
                     ": grid and flips must be on the images' device ", device, ", got ",
                     grid.device(), " and ", flips.device());
-  TORCH_CHECK_VALUE(static_cast<int64_t>(mean.size()) == channels &&
-                        static_cast<int64_t>(std.size()) == channels,
-                    op, ": mean and std must have one value per channel (", channels, "), got ",
-                    mean.size(), " and ", std.size());
+  TORCH_CHECK_VALUE(
+      static_cast<int64_t>(mean.size()) == channels && static_cast<int64_t>(std.size()) == channels,
+      op, ": mean and std must have one value per channel (", channels, "), got ", mean.size(),
+      " and ", std.size());
   for (size_t c = 0; c < std.size(); ++c) {
     TORCH_CHECK_VALUE(std[c] != 0.0, op, ": std[", c, "] is 0");
   }
@@ -79,13 +79,16 @@ struct OpArgs {
 // Descriptors of a dense batch [B, C, H, W].
 inline std::vector<ImageDesc> describe_dense(const char* op, const at::Tensor& images) {
   check_image(op, "images", images);
-  TORCH_CHECK_VALUE(images.dim() == 4, op, ": images must be [B, C, H, W], got ",
-                    images.sizes());
+  TORCH_CHECK_VALUE(images.dim() == 4, op, ": images must be [B, C, H, W], got ", images.sizes());
   std::vector<ImageDesc> d(images.size(0));
   const uint8_t* base = images.data_ptr<uint8_t>();
   for (int64_t b = 0; b < images.size(0); ++b) {
-    d[b] = ImageDesc{base + b * images.stride(0), images.size(2), images.size(3),
-                     images.stride(1), images.stride(2), images.stride(3)};
+    d[b] = ImageDesc{base + b * images.stride(0),
+                     images.size(2),
+                     images.size(3),
+                     images.stride(1),
+                     images.stride(2),
+                     images.stride(3)};
   }
   return d;
 }
@@ -103,7 +106,7 @@ inline std::vector<ImageDesc> describe_list(const char* op, at::TensorList image
                       " channels but images[0] has ", images[0].size(0));
     TORCH_CHECK_VALUE(im.device() == images[0].device(), op, ": images[", b, "] is on ",
                       im.device(), " but images[0] is on ", images[0].device());
-    d[b] = ImageDesc{im.data_ptr<uint8_t>(), im.size(1), im.size(2),
+    d[b] = ImageDesc{im.data_ptr<uint8_t>(), im.size(1),   im.size(2),
                      im.stride(0),           im.stride(1), im.stride(2)};
   }
   return d;
@@ -119,8 +122,7 @@ inline std::vector<ImageDesc> checked_dense(const char* op, const at::Tensor& im
 }
 
 // Every check of an op on a list of images; their descriptors.
-inline std::vector<ImageDesc> checked_list(const char* op, at::TensorList images,
-                                           const OpArgs& a) {
+inline std::vector<ImageDesc> checked_list(const char* op, at::TensorList images, const OpArgs& a) {
   std::vector<ImageDesc> descs = describe_list(op, images);
   check_common(op, static_cast<int64_t>(images.size()), images[0].size(0), images[0].device(),
                a.grid, a.flips, a.interpolation, a.mean, a.std, a.out);

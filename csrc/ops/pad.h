@@ -18,8 +18,8 @@ struct Window {
 // max_length < 0 means no limit. `length` also bounds what is kept, so a row can never be
 // overrun even when the caller's length is smaller than a sequence (the Python API never does
 // that: it computes length from the kept lengths).
-TF_HOST_DEVICE TF_INLINE Window window(int64_t n, int64_t length, int64_t max_length,
-                                       bool left_pad, bool truncate_left) {
+TF_HOST_DEVICE TF_INLINE Window window(int64_t n, int64_t length, int64_t max_length, bool left_pad,
+                                       bool truncate_left) {
   int64_t kept = n;
   if (max_length >= 0 && kept > max_length) kept = max_length;
   if (kept > length) kept = length;

@@ -46,11 +46,12 @@ inline void check_offsets_values(const char* op, const int64_t* offsets, int64_t
   TORCH_CHECK_VALUE(offsets[0] == 0, op, ": offsets[0] must be 0, got ", offsets[0]);
   for (int64_t i = 1; i < count; ++i) {
     TORCH_CHECK_VALUE(offsets[i] >= offsets[i - 1], op,
-                      ": offsets must be non-decreasing, got offsets[", i - 1,
-                      "]=", offsets[i - 1], " > offsets[", i, "]=", offsets[i]);
+                      ": offsets must be non-decreasing, got offsets[", i - 1, "]=", offsets[i - 1],
+                      " > offsets[", i, "]=", offsets[i]);
   }
-  TORCH_CHECK_VALUE(offsets[count - 1] == total, op, ": offsets[-1] must equal values.size(0)=",
-                    total, ", got ", offsets[count - 1]);
+  TORCH_CHECK_VALUE(offsets[count - 1] == total, op,
+                    ": offsets[-1] must equal values.size(0)=", total, ", got ",
+                    offsets[count - 1]);
 }
 
 // sequences: B tensors [n_i, *feat] of one dtype, one device, equal trailing dims.
@@ -62,11 +63,11 @@ inline void check_sequences(const char* op, at::TensorList seqs) {
     const at::Tensor& s = seqs[i];
     TORCH_CHECK_VALUE(s.dim() >= 1, op, ": sequences[", i,
                       "] must have at least one dimension ([n, *feat]), got a 0-d tensor");
-    TORCH_CHECK_TYPE(s.scalar_type() == first.scalar_type(), op, ": sequences[", i,
-                     "] has dtype ", s.scalar_type(), " but sequences[0] has ",
-                     first.scalar_type(), " (all sequences must share one dtype)");
-    TORCH_CHECK_VALUE(s.device() == first.device(), op, ": sequences[", i, "] is on ",
-                      s.device(), " but sequences[0] is on ", first.device(),
+    TORCH_CHECK_TYPE(s.scalar_type() == first.scalar_type(), op, ": sequences[", i, "] has dtype ",
+                     s.scalar_type(), " but sequences[0] has ", first.scalar_type(),
+                     " (all sequences must share one dtype)");
+    TORCH_CHECK_VALUE(s.device() == first.device(), op, ": sequences[", i, "] is on ", s.device(),
+                      " but sequences[0] is on ", first.device(),
                       " (all sequences must share one device)");
     TORCH_CHECK_VALUE(s.sizes().slice(1) == first.sizes().slice(1), op, ": sequences[", i,
                       "] has trailing dims ", s.sizes().slice(1), " but sequences[0] has ",

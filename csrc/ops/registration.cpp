@@ -32,13 +32,4 @@ TORCH_LIBRARY(torchfeed, m) {
   // (io/jpeg.cpp). Built only with libjpeg-turbo.
   m.def("decode_jpeg_window(Tensor data, int top, int left, int height, int width) -> Tensor");
 #endif
-
-  // Test hooks: the CUDA kernels' thread bodies run serially on the CPU (ops/cpu/cuda_emulation.cpp).
-  m.def(
-      "_emulate_cuda_pad_packed(Tensor values, Tensor offsets, SymInt length, Scalar pad_value=0, "
-      "bool left_pad=False, int max_length=-1, bool truncate_left=False) "
-      "-> (Tensor padded, Tensor mask, Tensor lengths)");
-  m.def(
-      "_emulate_cuda_crop_flip_normalize_list_out(Tensor[] images, Tensor grid, Tensor flips, "
-      "int interpolation, bool antialias, float[] mean, float[] std, Tensor(a!) out) -> ()");
 }

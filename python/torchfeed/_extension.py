@@ -1,16 +1,20 @@
-"""Loads the compiled extension, after checking it was built against the torch importing it."""
+"""The compiled extension, loaded after checking that it was built against the torch importing
+it, and what the build knows about itself (:func:`build_info`)."""
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
 import torch
+
+__all__ = ["C", "build_info"]
 
 _REBUILD = "rebuild torchfeed against it: pip install --no-build-isolation -e . (or make build)"
 
 
-def load() -> ModuleType:
+def _load() -> ModuleType:
     try:
         config = importlib.import_module("torchfeed._build_config")
     except ImportError as e:
@@ -30,3 +34,20 @@ def load() -> ModuleType:
         raise ImportError(
             f"torchfeed: cannot load the compiled extension torchfeed._C ({e}); {_REBUILD}"
         ) from e
+
+
+# Loading it registers the ops (torch.ops.torchfeed.*) with the dispatcher.
+C = _load()
+
+
+def build_info() -> dict[str, Any]:
+    """torchfeed's version, the torch it was built against, whether CUDA kernels were compiled
+    and for which architectures, whether crop-window JPEG decoding was built, and whether a GPU
+    is usable now."""
+    info = dict(C.build_info())
+    info["cuda_archs"] = info["cuda_archs"].split()
+    info["torch_version_now"] = torch.__version__
+    info["gpu_available"] = torch.cuda.is_available()
+    info["gpu_name"] = torch.cuda.get_device_name() if info["gpu_available"] else None
+    info["gpu_kernels_usable"] = info["cuda_compiled"] and info["gpu_available"]
+    return info

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+__all__ = ["build_parser", "main"]
+
 
 def _workers(text: str) -> list[int]:
     try:
@@ -179,8 +181,8 @@ def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         "ignore", "The image decoding and encoding capabilities", DeprecationWarning
     )
 
-    from torchfeed.bench import dataset, images, text
-    from torchfeed.bench.report import format_machine, format_table, machine_info
+    from torchfeed.pipeline_bench import agreement, dataset, image_pipelines, stages, text_pipelines
+    from torchfeed.pipeline_bench.report import machine_info, plot, print_report, with_speedup
 
     device = _device(parser, args.device)
     if args.data is not None and not args.data.is_dir():
@@ -219,13 +221,13 @@ def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 n_images, args.cache_dir, progress=_progress_printer(not args.no_progress)
             )
             files, labels = dataset.list_image_folder(root, n_images)
-        agreement = images.check_agreement(files)
-        payload["agreement"] = agreement
+        payload["agreement"] = agreement.check_agreement(files)
         # stages first, on a quiet machine (no pipeline's workers around)
-        stages = images.stage_breakdown(files, batch_size, device, repeat=2 if quick else 5)
-        payload["stages"] = stages
-        skipped = images.SkippedLog()
-        results = images.run(
+        payload["stages"] = stages.stage_breakdown(
+            files, batch_size, device, repeat=2 if quick else 5
+        )
+        skipped = image_pipelines.SkippedLog()
+        results = image_pipelines.run(
             files,
             labels,
             batch_size=batch_size,
@@ -235,104 +237,28 @@ def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             show_progress=show,
             skipped=skipped,
         )
-        rows += _with_speedup(results, images.BASELINE)
+        rows += with_speedup(results, image_pipelines.BASELINE)
         payload["skipped_files"] = [str(files[i]) for i in skipped.indices()]
     if "text" in args.suite:
-        results = text.run(
+        results = text_pipelines.run(
             size=text_samples,
             batch_size=batch_size,
             workers=args.workers,
             epochs=epochs,
             show_progress=show,
         )
-        rows += _with_speedup(results, text.BASELINE)
+        rows += with_speedup(results, text_pipelines.BASELINE)
     payload["results"] = rows
 
-    print(format_table(rows, RESULT_COLUMNS))
-    print(
-        f"speedup: samples/s over the baseline of its suite with the same config (images: "
-        f"'{images.BASELINE if 'images' in args.suite else '-'}'; text: '{text.BASELINE}'); "
-        f"median of {epochs} epoch(s) after a start-up epoch; batch size {batch_size}; "
-        f"device {device}"
-    )
-    if "images" in args.suite:
-        print()
-        print(f"where the time goes, ms per batch of {batch_size} (measured one stage at a time):")
-        print(
-            format_table(
-                payload["stages"],
-                [
-                    ("stage", "stage"),
-                    ("baseline_ms", "baseline"),
-                    ("torchfeed_ms", "torchfeed"),
-                    ("zero_copy_ms", "torchfeed zero-copy"),
-                    ("window_ms", "zero-copy + crop-window decode"),
-                ],
-            )
-        )
-        a = payload["agreement"]
-        print(
-            f"pipelines agree: the same {a['images']} images and parameters give outputs within "
-            f"{a['max_abs_diff']:.4f} of each other (bound {a['bound']:.4f}: torchvision rounds "
-            "to uint8 after resizing, torchfeed does not); crop-window decoding gives the "
-            f"full-decode result within {a['window_max_abs_diff']:.1e} (bound "
-            f"{a['window_bound']:.0e})"
-        )
-        if payload["skipped_files"]:
-            print(
-                f"skipped {len(payload['skipped_files'])} unreadable file(s): "
-                + ", ".join(payload["skipped_files"])
-            )
-    print(format_machine(machine))
+    baselines = {"images": image_pipelines.BASELINE, "text": text_pipelines.BASELINE}
+    print_report(payload, rows, RESULT_COLUMNS, {k: baselines[k] for k in args.suite})
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=2, default=str))
     if args.plot is not None:
-        _plot(rows, args.plot)
+        plot(rows, args.plot)
     del torch
     return 0
-
-
-def _with_speedup(results, baseline: str) -> list[dict[str, Any]]:
-    rows = []
-    for r in results:
-        row = r.row()
-        base = next(b for b in results if b.pipeline == baseline and b.config == r.config)
-        row["speedup"] = r.samples_per_second / base.samples_per_second
-        rows.append(row)
-    return rows
-
-
-def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(
-            "--plot: matplotlib is not installed (pip install matplotlib); no chart written",
-            file=sys.stderr,
-        )
-        return
-    suites = sorted({r["pipeline"].split(":")[0] for r in rows})
-    fig, axes = plt.subplots(
-        len(suites), 1, figsize=(10, 0.45 * len(rows) + 1.5 * len(suites)), squeeze=False
-    )
-    for ax, suite in zip(axes[:, 0], suites, strict=True):
-        part = [r for r in rows if r["pipeline"].split(":")[0] == suite]
-        labels = [f"{r['pipeline'].split(': ', 1)[1]} [{r['config']}]" for r in part]
-        colors = ["#999" if r["speedup"] == 1.0 else "#2a7" for r in part]  # baselines grey
-        ax.barh(range(len(part)), [r["samples_per_s"] for r in part], color=colors)
-        for i, r in enumerate(part):
-            ax.text(r["samples_per_s"], i, f" {r['speedup']:.2f}x", va="center", fontsize=7)
-        ax.set_yticks(range(len(part)), labels, fontsize=7)
-        ax.invert_yaxis()
-        ax.set_title(f"{suite}: samples/s, speedup over the suite's baseline", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -5,6 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 
+import torch
+
+from torchfeed._extension import C, build_info
+from torchfeed.memory import PinnedRing
+
+__all__ = ["report"]
+
 
 def _shm_bytes() -> tuple[int, int] | None:
     try:
@@ -15,11 +22,7 @@ def _shm_bytes() -> tuple[int, int] | None:
 
 
 def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
-    import torch
-
-    import torchfeed
-
-    info = torchfeed.build_info()
+    info = build_info()
     lines = ["torchfeed doctor", ""]
     lines.append(
         f"torchfeed {info['version']}, built against torch {info['torch_version']} "
@@ -33,7 +36,7 @@ def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
             else "not compiled"
         )
     )
-    lines.append(f"CPU kernels: {torchfeed._C.cpu_isa()} instruction set")
+    lines.append(f"CPU kernels: {C.cpu_isa()} instruction set")
     advice = []
     if info["jpeg"]:
         lines.append(f"crop-window JPEG decoding (torchfeed.io): {info['jpeg']}")
@@ -47,7 +50,7 @@ def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
     if info["gpu_available"]:
         lines.append(f"GPU: {info['gpu_name']} ({torch.cuda.device_count()} visible)")
         try:
-            ring = torchfeed.PinnedRing(1 << 20, pinned=True)
+            ring = PinnedRing(1 << 20, pinned=True)
             lines.append(f"pinned memory: available (a 1 MiB page-locked ring: {ring.pinned})")
             ring.close()
         except Exception as e:  # report, do not fail

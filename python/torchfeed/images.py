@@ -1,14 +1,23 @@
-"""RaggedImages: a batch of uint8 images of different sizes in one buffer, and its collate."""
+"""RaggedImages: a batch of uint8 images of different sizes in one buffer."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import get_worker_info
+
+__all__ = [
+    "Layout",
+    "RaggedImages",
+    "check_layout",
+    "empty_for_batch",
+    "image_shapes",
+    "storage_views",
+]
 
 Layout = Literal["CHW", "HWC"]
 
@@ -110,6 +119,17 @@ class RaggedImages:
         torch.cat([v.reshape(-1) for v in views], out=data)
         return cls(data, shapes, stored)
 
+    @classmethod
+    def over(
+        cls, data: Any, shapes: Sequence[tuple[int, int, int]], layout: Layout
+    ) -> RaggedImages:
+        """Images of checked ``shapes`` over ``data`` without checking it: a buffer that is
+        not written yet (a :class:`torchfeed.tree.Lazy` that a ring fills)."""
+        out = object.__new__(cls)
+        out.data, out.layout, out._shapes = data, layout, tuple(tuple(s) for s in shapes)
+        out._offsets = tuple(itertools.accumulate((c * h * w for c, h, w in shapes), initial=0))
+        return out
+
     # --- facts, from the host ----------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._shapes)
@@ -132,7 +152,7 @@ class RaggedImages:
     def device(self) -> torch.device:
         return self.data.device
 
-    # --- views and movement ------------------------------------------------------------------
+    # --- views and movement (and the torchfeed.tree protocol) ---------------------------------
     def __getitem__(self, i: int) -> Tensor:
         """Image i as a ``[C, H, W]`` view (strided when the layout is HWC)."""
         c, h, w = self._shapes[i]
@@ -144,145 +164,27 @@ class RaggedImages:
     def images(self) -> list[Tensor]:
         return [self[i] for i in range(len(self))]
 
+    def tensors(self) -> tuple[Tensor]:
+        return (self.data,)
+
+    def with_tensors(self, tensors: Sequence[Tensor]) -> RaggedImages:
+        """The same images over another buffer (a moved or staged copy of ``data``)."""
+        out = object.__new__(RaggedImages)
+        (out.data,) = tensors
+        out.layout, out._shapes, out._offsets = self.layout, self._shapes, self._offsets
+        return out
+
     def to(self, *args, non_blocking: bool = False, **kwargs) -> RaggedImages:
-        return self._with(self.data.to(*args, non_blocking=non_blocking, **kwargs))
+        return self.with_tensors((self.data.to(*args, non_blocking=non_blocking, **kwargs),))
 
     def pin_memory(self) -> RaggedImages:
-        return self._with(self.data.pin_memory())
+        return self.with_tensors((self.data.pin_memory(),))
 
     def is_pinned(self) -> bool:
         return self.data.is_pinned()
-
-    def _with(self, data: Tensor) -> RaggedImages:
-        out = object.__new__(RaggedImages)
-        out.data, out.layout, out._shapes, out._offsets = (
-            data,
-            self.layout,
-            self._shapes,
-            self._offsets,
-        )
-        return out
 
     def __repr__(self) -> str:
         return (
             f"RaggedImages(batch_size={len(self)}, channels={self.channels}, layout={self.layout!r}"
             f", dtype={self.data.dtype}, device={self.data.device})"
         )
-
-
-class ImageCollate:
-    """A ``collate_fn`` for samples holding one image of any size: the image field becomes a
-    :class:`RaggedImages` (one buffer, in shared memory inside a worker), every other field goes
-    through ``default_collate``. Samples are dicts (``image_key`` a key), tuples (a position) or
-    bare images."""
-
-    def __init__(
-        self,
-        image_key: str | int = 0,
-        layout: Layout = "CHW",
-        ring: Any = None,
-        transform: Any = None,
-    ) -> None:
-        check_layout(layout)
-        if transform is not None:
-            if not hasattr(transform, "apply") or not hasattr(transform, "output_shape"):
-                raise TypeError(
-                    "transform must be a torchfeed batch transform "
-                    "(RandomResizedCropFlipNormalize, ResizeFlipNormalize or "
-                    f"ResizeCenterCropNormalize), got {type(transform).__name__}"
-                )
-            if transform.image_layout != layout:
-                raise ValueError(
-                    f"transform.image_layout={transform.image_layout!r} but the collate's "
-                    f"layout={layout!r}: they must agree"
-                )
-        self.image_key = image_key
-        self.layout = layout
-        self.ring = ring  # a torchfeed.shared.SharedRing: workers collate into it (zero copy)
-        self.transform = transform  # applied to the batch here (in the workers)
-
-    def __call__(self, batch: Sequence[Any]) -> Any:
-        if not batch:
-            raise ValueError("ImageCollate: batch is empty")
-        zero_copy = self.ring is not None and get_worker_info() is not None
-        if self.transform is not None:
-            pack_images = self._lazy_transformed if zero_copy else self._transformed
-        else:
-            pack_images = _lazy_images if zero_copy else RaggedImages.from_images
-        other = private_collate if zero_copy else default_collate
-        first = batch[0]
-        if isinstance(first, Tensor):
-            out: Any = pack_images(batch, self.layout)
-        elif isinstance(first, Mapping):
-            if self.image_key not in first:
-                raise KeyError(f"ImageCollate: samples have no field {self.image_key!r}")
-            out = {
-                k: pack_images([s[k] for s in batch], self.layout)
-                if k == self.image_key
-                else other([s[k] for s in batch])
-                for k in first
-            }
-        elif isinstance(first, tuple | list):
-            key = self.image_key
-            if not isinstance(key, int) or not 0 <= key < len(first):
-                raise KeyError(f"ImageCollate: samples have no position {key!r}")
-            fields = [
-                pack_images([s[j] for s in batch], self.layout)
-                if j == key
-                else other([s[j] for s in batch])
-                for j in range(len(first))
-            ]
-            out = type(first)(fields) if isinstance(first, tuple) else fields
-        else:
-            raise TypeError(
-                f"ImageCollate: samples must be images, dicts or tuples, got {type(first).__name__}"
-            )
-        return self.ring.pack(out) if zero_copy else out
-
-    def _transformed(self, images: Sequence[Tensor], layout: Layout) -> Tensor:
-        return self.transform.apply(list(images))[0]
-
-    def _lazy_transformed(self, images: Sequence[Tensor], layout: Layout) -> Any:
-        """The transform's output, written by the fused kernel straight into the ring."""
-        from torchfeed.shared import Lazy
-
-        images = list(images)
-        channels = image_shapes(images, layout)[0][0]
-        b, c, h, w = self.transform.output_shape(len(images), channels)
-        if self.transform.channels_last:  # stored as [B, H, W, C], viewed as [B, C, H, W]
-            shape, permute = (b, h, w, c), (0, 3, 1, 2)
-        else:
-            shape, permute = (b, c, h, w), None
-        return Lazy(
-            self.transform.dtype,
-            shape,
-            lambda out: self.transform.apply(images, out=out),
-            lambda: self._transformed(images, layout),
-            permute,
-        )
-
-
-def _lazy_images(images: Sequence[Tensor], layout: Layout) -> RaggedImages:
-    """RaggedImages whose buffer ``SharedRing.pack`` writes straight into the ring."""
-    from torchfeed.shared import concat
-
-    images = list(images)
-    shapes = image_shapes(images, layout)
-    views, stored = storage_views(images, layout)
-    out = object.__new__(RaggedImages)
-    out.data = concat(views)
-    out.layout = stored
-    out._shapes = tuple(shapes)
-    out._offsets = tuple(itertools.accumulate((c * h * w for c, h, w in shapes), initial=0))
-    return out
-
-
-def private_collate(values: list) -> Any:
-    """default_collate for the other fields of a zero-copy batch, in private memory
-    (default_collate allocates shared memory inside a worker, which the ring replaces)."""
-    first = values[0]
-    if isinstance(first, Tensor):
-        return torch.stack(values)
-    if isinstance(first, bool | int | float) and all(type(v) is type(first) for v in values):
-        return torch.tensor(values, dtype=torch.float64 if isinstance(first, float) else None)
-    return default_collate(values)

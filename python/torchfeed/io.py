@@ -22,17 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torchvision.io import ImageReadMode, decode_image
 
-from torchfeed import _C
-from torchfeed.transforms import _check_generator, _check_range, resized_crop_box
+from torchfeed.ops import decode_jpeg_window as _op
+from torchfeed.ops.decode_jpeg_window import Box, check_box, decode_whole
+from torchfeed.sampling import check_generator, check_range, resized_crop_box
 
-Box = tuple[int, int, int, int]
-
-_JPEG_MAGIC = b"\xff\xd8\xff"
-
-# Built with libjpeg-turbo (tests switch it off to check the fallback).
-WINDOW_DECODER = hasattr(_C, "jpeg_info")
+__all__ = ["Box", "DecodeRandomCrop", "as_encoded", "decode_window", "image_size"]
 
 
 def as_encoded(data: Any, name: str = "data") -> Tensor:
@@ -73,39 +68,10 @@ def as_encoded(data: Any, name: str = "data") -> Tensor:
     )
 
 
-def _jpeg_header(data: Tensor) -> tuple[int, int] | None:
-    """(height, width) when the window decoder can decode ``data``, else None."""
-    if not WINDOW_DECODER or data.numel() < 4 or bytes(data[:3].tolist()) != _JPEG_MAGIC:
-        return None
-    try:
-        height, width, _, rgb_decodable = _C.jpeg_info(data)
-    except RuntimeError:
-        return None  # unreadable header: torchvision's decoder gives the error
-    return (height, width) if rgb_decodable else None
-
-
-def _decode_whole(data: Tensor) -> Tensor:
-    return decode_image(data, mode=ImageReadMode.RGB)
-
-
-def _check_box(box: Any, height: int, width: int) -> Box:
-    if not isinstance(box, Sequence | Tensor) or len(box) != 4:
-        raise ValueError(f"box must be (top, left, height, width), got {box!r}")
-    top, left, h, w = (int(v) for v in (box.tolist() if isinstance(box, Tensor) else box))
-    if h < 1 or w < 1:
-        raise ValueError(f"box's height and width must be >= 1, got {h} x {w}")
-    if top < 0 or left < 0 or top + h > height or left + w > width:
-        raise ValueError(
-            f"box (top {top}, left {left}, height {h}, width {w}) must lie inside the "
-            f"{height} x {width} image"
-        )
-    return top, left, h, w
-
-
 def _slice_window(image: Tensor, box: Box) -> Tensor:
     """The window of a whole decoded image, copied into HWC memory order (the window decoder's
     and torchvision's decoder's order), so ragged collation stays a plain copy."""
-    top, left, h, w = _check_box(box, image.shape[1], image.shape[2])
+    top, left, h, w = check_box(box, image.shape[1], image.shape[2])
     hwc = image.permute(1, 2, 0)[top : top + h, left : left + w]
     return hwc.contiguous().permute(2, 0, 1)
 
@@ -114,10 +80,10 @@ def image_size(data: Any) -> tuple[int, int]:
     """(height, width) of an encoded image. JPEGs: from the header alone; other formats are
     decoded to find out."""
     data = as_encoded(data)
-    header = _jpeg_header(data)
+    header = _op.jpeg_header(data)
     if header is not None:
         return header
-    image = _decode_whole(data)
+    image = decode_whole(data)
     return int(image.shape[1]), int(image.shape[2])
 
 
@@ -127,11 +93,11 @@ def decode_window(data: Any, box: Sequence[int] | Tensor) -> Tensor:
     the window is decoded; the result equals ``decode_image(data, RGB)[:, top:top+height,
     left:left+width]`` exactly."""
     data = as_encoded(data)
-    header = _jpeg_header(data)
+    header = _op.jpeg_header(data)
     if header is None:
-        return _slice_window(_decode_whole(data), box)
-    top, left, h, w = _check_box(box, *header)
-    return torch.ops.torchfeed.decode_jpeg_window(data, top, left, h, w)
+        return _slice_window(decode_whole(data), box)
+    top, left, h, w = check_box(box, *header)
+    return _op.decode_jpeg_window(data, (top, left, h, w))
 
 
 class DecodeRandomCrop:
@@ -153,29 +119,22 @@ class DecodeRandomCrop:
         generator: torch.Generator | None = None,
         return_box: bool = False,
     ) -> None:
-        self.scale = _check_range("scale", scale, positive=False)
-        self.ratio = _check_range("ratio", ratio, positive=True)
-        self.generator = _check_generator(generator)
+        self.scale = check_range("scale", scale, positive=False)
+        self.ratio = check_range("ratio", ratio, positive=True)
+        self.generator = check_generator(generator)
         self.return_box = bool(return_box)
 
     def __call__(self, data: Any) -> Tensor | tuple[Tensor, Box]:
         data = as_encoded(data)
-        header = _jpeg_header(data)
+        header = _op.jpeg_header(data)
         if header is None:
-            image = _decode_whole(data)
+            image = decode_whole(data)
             box = resized_crop_box(*image.shape[1:], self.scale, self.ratio, self.generator)
             window = _slice_window(image, box)
         else:
             box = resized_crop_box(*header, self.scale, self.ratio, self.generator)
-            window = torch.ops.torchfeed.decode_jpeg_window(data, *box)
+            window = _op.decode_jpeg_window(data, box)
         return (window, box) if self.return_box else window
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(scale={self.scale}, ratio={self.ratio})"
-
-
-if WINDOW_DECODER:
-
-    @torch.library.register_fake("torchfeed::decode_jpeg_window")
-    def _decode_jpeg_window_fake(data, top, left, height, width):
-        return data.new_empty((height, width, 3)).permute(2, 0, 1)

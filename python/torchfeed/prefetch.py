@@ -5,13 +5,36 @@ from __future__ import annotations
 import queue
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from torchfeed.ring import PinnedRing, map_tensors, tensors_of
+from torchfeed._compat import UNSET, renamed
+from torchfeed.memory.pinned_ring import PinnedRing
+from torchfeed.tree import map_tensors, tensors_of
+
+__all__ = ["BatchSource", "DevicePrefetcher", "HostMemory"]
+
+
+@runtime_checkable
+class HostMemory(Protocol):
+    """Host memory that batches live in and that must not be reused before their copies to a
+    device have finished (:class:`~torchfeed.SharedRing`, :class:`~torchfeed.PinnedRing`)."""
+
+    @property
+    def pinned(self) -> bool: ...
+
+    def record_copies(self, tensors: Sequence[Tensor], stream: torch.cuda.Stream) -> int: ...
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """A loader that says where its batches live (:class:`~torchfeed.ZeroCopyLoader`)."""
+
+    def host_memory(self) -> HostMemory | None: ...
+
 
 _END = object()
 
@@ -25,15 +48,18 @@ class DevicePrefetcher:
     """Iterates ``loader`` (a DataLoader or any iterable of batches) one step ahead of the
     training loop, in a background thread:
 
-    - on a GPU: each batch is staged into ``ring`` (page-locked, reused, event-guarded), copied to
-      ``device`` on the prefetcher's own CUDA stream (one per prefetcher, made once), and passed
-      through ``transform`` there (e.g. the fused crop/flip/normalize, or ``RaggedBatch.pad``);
-      the batch handed out is safe to use on the consumer's current stream (it waits for the
-      copy stream, and the tensors are marked as used by it);
+    - on a GPU: each batch is staged into ``pinned_ring`` (page-locked, reused, event-guarded),
+      copied to ``device`` on the prefetcher's own CUDA stream (one per prefetcher, made once),
+      and passed through ``transform`` there (e.g. the fused crop/flip/normalize, or
+      ``RaggedBatch.pad``); the batch handed out is safe to use on the consumer's current
+      stream (it waits for the copy stream, and the tensors are marked as used by it);
     - on a CPU-only machine: loading and ``transform`` still overlap with the step.
 
-    ``ring=None`` makes a ring on the first GPU batch, sized for ``depth + 2`` batches of that
-    size (pass ``ring=False`` for plain copies, or a :class:`PinnedRing` of your own). Up to
+    ``pinned_ring=None`` makes a ring on the first GPU batch, sized for ``depth + 2`` batches of
+    that size (``pinned_ring=False``: plain copies; or a :class:`PinnedRing` of your own; the
+    0.1 keyword ``ring=`` still works, with a DeprecationWarning). A loader that says where its
+    batches live (:class:`BatchSource`, e.g. a zero-copy loader whose workers wrote into
+    page-locked shared memory) has them copied from there, with no staging. Up to
     ``depth`` batches are prepared ahead. ``len()`` is the loader's; each ``iter()`` is an epoch.
     An exception in the loader (a worker's, say) is raised in the training loop; leaving the loop
     (its end, ``break``, an exception) stops the thread.
@@ -43,16 +69,21 @@ class DevicePrefetcher:
         self,
         loader: Iterable,
         device: torch.device | str | None = None,
-        ring: PinnedRing | bool | None = None,
+        pinned_ring: PinnedRing | bool | None = None,
         transform: Callable[[Any], Any] | None = None,
         depth: int = 2,
+        *,
+        ring: Any = UNSET,
     ) -> None:
+        pinned_ring = renamed("DevicePrefetcher", "ring", "pinned_ring", ring, pinned_ring)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be an int >= 1, got {depth!r}")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
-        if ring is not None and not isinstance(ring, PinnedRing | bool):
-            raise TypeError(f"ring must be a PinnedRing, None or False, got {type(ring).__name__}")
+        if pinned_ring is not None and not isinstance(pinned_ring, PinnedRing | bool):
+            raise TypeError(
+                f"pinned_ring must be a PinnedRing, None or False, got {type(pinned_ring).__name__}"
+            )
         self.loader = loader
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,8 +96,8 @@ class DevicePrefetcher:
             self.stream: torch.cuda.Stream | None = torch.cuda.Stream(self.device)
         else:
             self.stream = None
-        self.ring = ring if isinstance(ring, PinnedRing) else None
-        self._auto_ring = ring is None and self.device.type == "cuda"
+        self.pinned_ring = pinned_ring if isinstance(pinned_ring, PinnedRing) else None
+        self._auto_ring = pinned_ring is None and self.device.type == "cuda"
         self._warned_oversize = False
         self.transform = transform
         self.depth = depth
@@ -78,17 +109,22 @@ class DevicePrefetcher:
         return _PrefetchIterator(self)
 
     # --- runs in the background thread -----------------------------------------------------------
+    @property
+    def ring(self) -> PinnedRing | None:
+        """Deprecated name of :attr:`pinned_ring`."""
+        return self.pinned_ring
+
     def _ring_for(self, batch: Any) -> PinnedRing | None:
-        if self.ring is None and self._auto_ring:
+        if self.pinned_ring is None and self._auto_ring:
             nbytes = sum(t.numel() * t.element_size() for t in tensors_of(batch))
             if nbytes:
-                self.ring = PinnedRing(int(nbytes * 1.25) * (self.depth + 2) + 4096)
-        return self.ring
+                self.pinned_ring = PinnedRing(int(nbytes * 1.25) * (self.depth + 2) + 4096)
+        return self.pinned_ring
 
     def _prepare(self, batch: Any) -> tuple[Any, Any]:
         if self.device.type != "cuda":
-            if self.ring is not None:
-                batch = self.ring.stage(batch)
+            if self.pinned_ring is not None:
+                batch = self.pinned_ring.stage(batch)
             return self._transformed(batch), None
         with torch.cuda.stream(self.stream):
             on_device = self._transformed(self._copy(batch))
@@ -101,14 +137,12 @@ class DevicePrefetcher:
 
     def _copy(self, batch: Any) -> Any:
         """Enqueues the batch's copy to the device on the prefetch stream (the current one)."""
-        shared = getattr(self.loader, "shared_ring", None)
-        if shared is not None and shared.pinned:
+        memory = self.loader.host_memory() if isinstance(self.loader, BatchSource) else None
+        if memory is not None and memory.pinned:
             # Zero copy: the workers wrote the batch into page-locked shared memory. Copy it as it
-            # is and fence its region; staging it again would only add a copy.
+            # is and fence its regions (once each); staging it again would only add a copy.
             on_device = map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
-            for t in tensors_of(batch):
-                if shared.contains(t):
-                    shared.record(t, self.stream)
+            memory.record_copies(tensors_of(batch), self.stream)
             return on_device
         ring = self._ring_for(batch)
         if ring is not None:

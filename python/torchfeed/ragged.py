@@ -8,17 +8,17 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from torchfeed.padding import (
+from torchfeed.ops.pad import (
     Padded,
+    PadOptions,
     PadValue,
     Side,
-    _check_sequences,
-    check_length_options,
-    check_pad_value,
-    check_side,
-    pad_packed_op,
-    padded_length,
+    check_host_offsets,
+    check_sequences,
+    pad_packed_with,
 )
+
+__all__ = ["RaggedBatch"]
 
 
 class RaggedBatch:
@@ -35,48 +35,14 @@ class RaggedBatch:
     def __init__(
         self, values: Tensor, offsets: Tensor, lengths: Sequence[int] | None = None
     ) -> None:
-        if not isinstance(values, Tensor):
-            raise TypeError(f"values must be a tensor [N, *feat], got {type(values).__name__}")
-        if not isinstance(offsets, Tensor):
-            raise TypeError(f"offsets must be an int64 tensor [B+1], got {type(offsets).__name__}")
-        if values.dim() < 1:
-            raise ValueError("values must have at least one dimension ([N, *feat]), got 0-d")
-        if offsets.dtype != torch.int64:
-            raise TypeError(f"offsets must be int64, got {offsets.dtype}")
-        if offsets.dim() != 1 or offsets.shape[0] < 1:
-            raise ValueError(
-                f"offsets must be 1-D with B+1 >= 1 entries, got shape {list(offsets.shape)}"
-            )
-        if offsets.device != values.device:
-            raise ValueError(
-                f"offsets must be on the device of values ({values.device}), got {offsets.device}"
-            )
-        if lengths is None:
-            host = offsets.tolist()  # synchronizes a CUDA device: pass lengths to avoid it
-        else:
-            lengths = [int(n) for n in lengths]
-            if len(lengths) != offsets.shape[0] - 1:
-                raise ValueError(
-                    f"lengths has {len(lengths)} entries but offsets describes "
-                    f"{offsets.shape[0] - 1} sequences"
-                )
-            if any(n < 0 for n in lengths):
-                raise ValueError(f"lengths must be >= 0, got {lengths}")
-            host = [0, *itertools.accumulate(lengths)]
-            if offsets.device.type == "cpu" and offsets.tolist() != host:
-                raise ValueError(f"lengths {lengths} disagree with offsets {offsets.tolist()}")
-        _check_host_offsets(host, values.shape[0])
+        self._host_offsets = check_host_offsets(values, offsets, lengths)
         self.values = values
         self.offsets = offsets
-        self._host_offsets = tuple(host)
 
     @classmethod
     def from_sequences(cls, sequences: Sequence[Tensor]) -> RaggedBatch:
         """Packs a list of tensors ``[n_i, *feat]`` (one dtype, one device)."""
-        seqs = _check_sequences(sequences)
-        for i, s in enumerate(seqs):
-            if s.dim() == 0:
-                raise ValueError(f"sequences[{i}] must have at least one dimension, got 0-d")
+        seqs = check_sequences(sequences)
         lengths = [s.shape[0] for s in seqs]
         offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
         values = torch.cat(seqs)
@@ -85,8 +51,7 @@ class RaggedBatch:
     # --- shape facts, all from the host -------------------------------------------------------
     @property
     def host_lengths(self) -> tuple[int, ...]:
-        o = self._host_offsets
-        return tuple(o[i + 1] - o[i] for i in range(len(o) - 1))
+        return tuple(b - a for a, b in itertools.pairwise(self._host_offsets))
 
     @property
     def host_offsets(self) -> tuple[int, ...]:
@@ -130,23 +95,28 @@ class RaggedBatch:
         starts = torch.repeat_interleave(self.offsets[:-1], self.lengths, output_size=total)
         return torch.arange(total, device=self.values.device) - starts
 
-    # --- movement -----------------------------------------------------------------------------
+    # --- movement (and the torchfeed.tree protocol) -------------------------------------------
+    def tensors(self) -> tuple[Tensor, Tensor]:
+        return self.values, self.offsets
+
+    def with_tensors(self, tensors: Sequence[Tensor]) -> RaggedBatch:
+        """The same batch over other ``(values, offsets)`` (moved or staged copies)."""
+        out = object.__new__(RaggedBatch)
+        out.values, out.offsets = tensors
+        out._host_offsets = self._host_offsets
+        return out
+
     def to(self, *args, non_blocking: bool = False, **kwargs) -> RaggedBatch:
         """Moves values and offsets (``Tensor.to`` arguments); the host lengths come along."""
         values = self.values.to(*args, non_blocking=non_blocking, **kwargs)
         offsets = self.offsets.to(values.device, non_blocking=non_blocking)
-        return self._with(values, offsets)
+        return self.with_tensors((values, offsets))
 
     def pin_memory(self) -> RaggedBatch:
-        return self._with(self.values.pin_memory(), self.offsets.pin_memory())
+        return self.with_tensors((self.values.pin_memory(), self.offsets.pin_memory()))
 
     def is_pinned(self) -> bool:
         return self.values.is_pinned() and self.offsets.is_pinned()
-
-    def _with(self, values: Tensor, offsets: Tensor) -> RaggedBatch:
-        out = object.__new__(RaggedBatch)
-        out.values, out.offsets, out._host_offsets = values, offsets, self._host_offsets
-        return out
 
     # --- access -------------------------------------------------------------------------------
     def __getitem__(self, i: int) -> Tensor:
@@ -164,8 +134,7 @@ class RaggedBatch:
     def truncate(self, max_length: int, truncation_side: Side = "right") -> RaggedBatch:
         """Keeps at most ``max_length`` elements of each sequence, dropping from the right or
         the left end."""
-        check_length_options(None, max_length)
-        left = check_side("truncation_side", truncation_side)
+        left = PadOptions(max_length=max_length, truncation_side=truncation_side).truncate_left
         if self.max_seqlen <= max_length:
             return self
         keep = []
@@ -193,37 +162,17 @@ class RaggedBatch:
     ) -> Padded:
         """Pads to ``[B, L, *feat]`` on the batch's own device (one kernel launch on CUDA): send
         the packed batch to the GPU, pad it there."""
-        left_pad = check_side("padding_side", padding_side)
-        truncate_left = check_side("truncation_side", truncation_side)
-        check_length_options(pad_to_multiple_of, max_length)
-        check_pad_value(pad_value, self.values.dtype)
-        length = padded_length(self.host_lengths, max_length, pad_to_multiple_of)
-        return pad_packed_op(
-            self.values,
-            self.offsets,
-            self._host_offsets,
-            length,
-            pad_value,
-            left_pad,
-            max_length,
-            truncate_left,
+        options = PadOptions(
+            pad_value, padding_side, pad_to_multiple_of, max_length, truncation_side
         )
+        return self.pad_with(options)
+
+    def pad_with(self, options: PadOptions) -> Padded:
+        """:meth:`pad` with options validated once (:class:`torchfeed.ops.PadOptions`)."""
+        return pad_packed_with(self.values, self.offsets, self._host_offsets, options)
 
     def __repr__(self) -> str:
         return (
             f"RaggedBatch(batch_size={self.batch_size}, values={list(self.values.shape)} "
             f"{self.values.dtype}, max_seqlen={self.max_seqlen}, device={self.values.device})"
         )
-
-
-def _check_host_offsets(offsets: Sequence[int], total: int) -> None:
-    if offsets[0] != 0:
-        raise ValueError(f"offsets[0] must be 0, got {offsets[0]}")
-    for i in range(1, len(offsets)):
-        if offsets[i] < offsets[i - 1]:
-            raise ValueError(
-                f"offsets must be non-decreasing, got offsets[{i - 1}]={offsets[i - 1]} > "
-                f"offsets[{i}]={offsets[i]}"
-            )
-    if offsets[-1] != total:
-        raise ValueError(f"offsets[-1] must equal values.shape[0]={total}, got {offsets[-1]}")

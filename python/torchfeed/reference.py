@@ -11,6 +11,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+__all__ = [
+    "crop_flip_normalize_float64",
+    "crop_flip_normalize_torchvision",
+    "pad_packed",
+    "pad_sequences",
+    "pad_window",
+    "resample_matrix",
+]
+
 
 def pad_window(
     n: int, length: int, max_length: int | None, left_pad: bool, truncate_left: bool

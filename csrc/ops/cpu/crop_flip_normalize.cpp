@@ -115,8 +115,8 @@ struct Job {
   int64_t element_size;
 };
 
-void process(const ImageDesc& img, const double* geom, bool flip, const Job& job,
-             int64_t y_begin, int64_t y_end, char* out /* image b's [C, H_out, W_out] */) {
+void process(const ImageDesc& img, const double* geom, bool flip, const Job& job, int64_t y_begin,
+             int64_t y_end, char* out /* image b's [C, H_out, W_out] */) {
   Scratch& s = thread_scratch();
   const AxisPlan py = cfn::plan_axis(cfn::load_axis(geom));
   const AxisPlan px = cfn::plan_axis(cfn::load_axis(geom + cfn::kGeomFields));
@@ -189,18 +189,10 @@ void run(const char* op, const std::vector<ImageDesc>& images, int64_t channels,
   const auto out_type = out.scalar_type() == at::kFloat  ? cfn::cpu::OutType::kFloat
                         : out.scalar_type() == at::kHalf ? cfn::cpu::OutType::kHalf
                                                          : cfn::cpu::OutType::kBFloat16;
-  const Job job{channels,
-                out_h,
-                out_w,
-                interpolation,
-                antialias,
-                affine.data(),
-                out.stride(0),
-                out.stride(1),
-                out.stride(2),
-                out.stride(3),
-                out_type,
-                static_cast<int64_t>(out.element_size())};
+  const Job job{channels,      out_h,         out_w,
+                interpolation, antialias,     affine.data(),
+                out.stride(0), out.stride(1), out.stride(2),
+                out.stride(3), out_type,      static_cast<int64_t>(out.element_size())};
   // Enough tasks for every thread even when the batch is small; row blocks of >= 16 rows keep
   // the taps shared between blocks (re-read at block edges) a small fraction.
   const int64_t threads = at::get_num_threads();

@@ -116,9 +116,9 @@ void horizontal(const BlockJob& j) {
       OutT* out = static_cast<OutT*>(j.out) + c * j.osc + i * j.osh;
       for (int64_t x0 = 0; x0 < j.out_w; x0 += 8) {
 #ifdef TF_CPU_AVX2
-        const __m256i first = _mm256_mullo_epi32(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.x_first + x0)),
-            _mm256_set1_epi32(static_cast<int>(step)));
+        const __m256i first =
+            _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.x_first + x0)),
+                               _mm256_set1_epi32(static_cast<int>(step)));
         __m256 acc = _mm256_setzero_ps();
         for (int64_t k = 0; k < kx; ++k) {
           const __m256i idx =
@@ -186,9 +186,9 @@ void horizontal_pixels(const BlockJob& j) {
       const __m256 hi01 = _mm256_unpackhi_ps(t0, t1);  // c2 c2 c3 c3
       const __m256 lo23 = _mm256_unpacklo_ps(t2, t3);
       const __m256 hi23 = _mm256_unpackhi_ps(t2, t3);
-      __m256 channel[4] = {
-          _mm256_shuffle_ps(lo01, lo23, 0x44), _mm256_shuffle_ps(lo01, lo23, 0xEE),
-          _mm256_shuffle_ps(hi01, hi23, 0x44), _mm256_shuffle_ps(hi01, hi23, 0xEE)};
+      __m256 channel[4] = {_mm256_shuffle_ps(lo01, lo23, 0x44), _mm256_shuffle_ps(lo01, lo23, 0xEE),
+                           _mm256_shuffle_ps(hi01, hi23, 0x44),
+                           _mm256_shuffle_ps(hi01, hi23, 0xEE)};
       const int64_t n = j.out_w - x0 < 8 ? j.out_w - x0 : 8;
       for (int64_t c = 0; c < j.channels; ++c) {
         const ChannelAffine a = j.affine[c];
@@ -222,30 +222,54 @@ void horizontal_pass(const BlockJob& j) {
 template <int K>
 void horizontal_any(const BlockJob& j) {
   switch (j.out_type) {
-    case OutType::kFloat: return horizontal_pass<K, float>(j);
-    case OutType::kHalf: return horizontal_pass<K, c10::Half>(j);
-    case OutType::kBFloat16: return horizontal_pass<K, c10::BFloat16>(j);
+    case OutType::kFloat:
+      return horizontal_pass<K, float>(j);
+    case OutType::kHalf:
+      return horizontal_pass<K, c10::Half>(j);
+    case OutType::kBFloat16:
+      return horizontal_pass<K, c10::BFloat16>(j);
   }
 }
 
 inline void run_block(const BlockJob& j) {
   switch (j.ky) {
-    case 1: vertical<1>(j); break;
-    case 2: vertical<2>(j); break;
-    case 3: vertical<3>(j); break;
-    case 4: vertical<4>(j); break;
-    case 5: vertical<5>(j); break;
-    case 6: vertical<6>(j); break;
-    default: vertical<0>(j); break;
+    case 1:
+      vertical<1>(j);
+      break;
+    case 2:
+      vertical<2>(j);
+      break;
+    case 3:
+      vertical<3>(j);
+      break;
+    case 4:
+      vertical<4>(j);
+      break;
+    case 5:
+      vertical<5>(j);
+      break;
+    case 6:
+      vertical<6>(j);
+      break;
+    default:
+      vertical<0>(j);
+      break;
   }
   switch (j.kx) {
-    case 1: return horizontal_any<1>(j);
-    case 2: return horizontal_any<2>(j);
-    case 3: return horizontal_any<3>(j);
-    case 4: return horizontal_any<4>(j);
-    case 5: return horizontal_any<5>(j);
-    case 6: return horizontal_any<6>(j);
-    default: return horizontal_any<0>(j);
+    case 1:
+      return horizontal_any<1>(j);
+    case 2:
+      return horizontal_any<2>(j);
+    case 3:
+      return horizontal_any<3>(j);
+    case 4:
+      return horizontal_any<4>(j);
+    case 5:
+      return horizontal_any<5>(j);
+    case 6:
+      return horizontal_any<6>(j);
+    default:
+      return horizontal_any<0>(j);
   }
 }
 

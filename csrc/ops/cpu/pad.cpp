@@ -78,8 +78,9 @@ void pad_rows(int64_t batch, SeqFn seq, const RowLayout& layout, const char* pad
 RowLayout make_layout(const at::Tensor& like, int64_t length, int64_t max_length, bool left_pad,
                       bool truncate_left) {
   const int64_t element_size = static_cast<int64_t>(like.element_size());
-  return RowLayout{length,        max_length, left_pad, truncate_left,
-                   pad::row_numel(like) * element_size, element_size};
+  return RowLayout{
+      length,      max_length, left_pad, truncate_left, pad::row_numel(like) * element_size,
+      element_size};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pad_packed_cpu(

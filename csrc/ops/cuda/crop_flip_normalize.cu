@@ -42,8 +42,7 @@ __global__ void vertical_kernel(const ImageDesc* __restrict__ images,
 }
 
 template <typename OutT>
-__global__ void horizontal_kernel(const double* __restrict__ grid,
-                                  const bool* __restrict__ flips,
+__global__ void horizontal_kernel(const double* __restrict__ grid, const bool* __restrict__ flips,
                                   const float* __restrict__ scratch, OutT* __restrict__ out,
                                   Affines affines, LaunchShape p) {
   const int64_t total = p.batch * p.channels * p.out_h * p.out_w;
@@ -60,8 +59,8 @@ int64_t blocks_for(int64_t total) {
 }
 
 void run(const std::vector<ImageDesc>& descs, const at::Tensor& grid, const at::Tensor& flips,
-         int64_t interpolation, bool antialias, at::ArrayRef<double> mean,
-         at::ArrayRef<double> std, at::Tensor& out) {
+         int64_t interpolation, bool antialias, at::ArrayRef<double> mean, at::ArrayRef<double> std,
+         at::Tensor& out) {
   const int64_t batch = static_cast<int64_t>(descs.size());
   if (out.numel() == 0) return;  // no launch for empty work
   c10::cuda::CUDAGuard guard(out.device());
@@ -71,8 +70,7 @@ void run(const std::vector<ImageDesc>& descs, const at::Tensor& grid, const at::
   // on the device and are not read here (that would synchronize); the Python API validates
   // them on the host, and the kernels assert that every tap stays inside its image.
   static_assert(sizeof(ImageDesc) == 6 * sizeof(int64_t), "ImageDesc layout");
-  at::Tensor host =
-      at::empty({batch, 6}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  at::Tensor host = at::empty({batch, 6}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   std::memcpy(host.data_ptr(), descs.data(), batch * sizeof(ImageDesc));
   const at::Tensor device_descs = host.to(out.device(), /*non_blocking=*/true);
 
@@ -102,8 +100,8 @@ void run(const std::vector<ImageDesc>& descs, const at::Tensor& grid, const at::
 void crop_flip_normalize_out_cuda(const at::Tensor& images,  // [B, C, H, W] uint8, any strides
                                   const at::Tensor& grid,    // [B, 10] float64
                                   const at::Tensor& flips,   // [B] bool
-                                  int64_t interpolation, bool antialias,
-                                  at::ArrayRef<double> mean, at::ArrayRef<double> std,
+                                  int64_t interpolation, bool antialias, at::ArrayRef<double> mean,
+                                  at::ArrayRef<double> std,
                                   at::Tensor& out) {  // [B, C, H_out, W_out] float
   constexpr const char* op = "crop_flip_normalize";
   const std::vector<cfn::ImageDesc> descs =

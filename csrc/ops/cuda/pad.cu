@@ -29,10 +29,11 @@ __global__ void pad_packed_kernel(const T* __restrict__ values, const int64_t* _
   const int64_t total = pad::packed_threads(batch, length, features);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const bool ok = pad::packed_element(i, values, offsets, padded, mask, lengths, batch, length,
-                                        features, total_values, max_length, left_pad,
-                                        truncate_left, pad_value);
-    CUDA_KERNEL_ASSERT(ok && "pad_packed: offsets must be non-decreasing and end at values.size(0)");
+    const bool ok =
+        pad::packed_element(i, values, offsets, padded, mask, lengths, batch, length, features,
+                            total_values, max_length, left_pad, truncate_left, pad_value);
+    CUDA_KERNEL_ASSERT(ok &&
+                       "pad_packed: offsets must be non-decreasing and end at values.size(0)");
   }
 }
 

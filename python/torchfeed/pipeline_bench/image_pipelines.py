@@ -1,4 +1,5 @@
-"""The image pipelines of ``torchfeed bench``, on the same files in the same order:
+"""The image pipelines of ``torchfeed bench`` (the agreement checks are in ``agreement``, the stage
+timings in ``stages``), on the same files in the same order:
 
 - baseline (the usual practice): workers read, decode and apply torchvision v2
   RandomResizedCrop + flip + ToDtype + Normalize per image; ``default_collate``;
@@ -17,8 +18,6 @@
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,20 +27,23 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms import v2
 
-from torchfeed.bench.runner import PipelineResult, run_epochs
+from torchfeed.collate import ImageCollate
 from torchfeed.data import SkipCorrupt
-from torchfeed.images import ImageCollate, RaggedImages
-from torchfeed.io import DecodeRandomCrop, decode_window
+from torchfeed.io import DecodeRandomCrop
+from torchfeed.loader import loader as zc_loader
+from torchfeed.pipeline_bench.runner import PipelineResult, run_epochs
 from torchfeed.prefetch import DevicePrefetcher
-from torchfeed.shared import SharedRing
-from torchfeed.shared import loader as zc_loader
-from torchfeed.transforms import (
-    RandomResizedCropFlipNormalize,
-    ResizeFlipNormalize,
-    crop_flip_normalize,
-    sample_flips,
-    sample_resized_crop_params,
-)
+from torchfeed.transforms import RandomResizedCropFlipNormalize, ResizeFlipNormalize
+
+__all__ = [
+    "BASELINE",
+    "FileDataset",
+    "SkippedLog",
+    "fused_transform",
+    "make_pipelines",
+    "run",
+    "torchvision_transform",
+]
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -214,7 +216,7 @@ def make_pipelines(
                 images = decode_jpeg([torch.from_numpy(e) for e in encoded], device=device)
                 return t(images), labels_
 
-            return DevicePrefetcher(dl, device, ring=False, transform=decode_and_transform)
+            return DevicePrefetcher(dl, device, pinned_ring=False, transform=decode_and_transform)
 
         pipelines[GPU_DECODE] = gpu_decode
     return pipelines, n_batches
@@ -258,210 +260,3 @@ def run(
             )
             results.append(result)
     return results
-
-
-# --- the pipelines check each other ---------------------------------------------------------------
-
-
-def decodable(files: Sequence[Path], count: int) -> list[tuple[Path, torch.Tensor, torch.Tensor]]:
-    """The first ``count`` files that decode: (path, encoded bytes, uint8 image)."""
-    out = []
-    for f in files:
-        encoded = read_file(str(f))
-        try:
-            out.append((f, encoded, decode_image(encoded, mode=ImageReadMode.RGB)))
-        except RuntimeError:
-            continue  # unreadable: the pipelines skip it too
-        if len(out) == count:
-            break
-    return out
-
-
-def check_agreement(files: Sequence[Path], count: int = 8) -> dict[str, float]:
-    """The same images with the same drawn parameters through torchvision (uint8, the
-    baseline's path) and through the fused kernel give the same tensors within 1 level/std, so a
-    speedup can never come from doing less work."""
-    readable = decodable(files, count)
-    images = [image for _, _, image in readable]
-    g = torch.Generator().manual_seed(0)
-    boxes = sample_resized_crop_params([tuple(i.shape[1:]) for i in images], generator=g)
-    flips = sample_flips(len(images), 0.5, g)
-    ours = crop_flip_normalize(images, boxes, flips, SIZE, mean=MEAN, std=STD)
-    from torchfeed.reference import crop_flip_normalize_torchvision
-
-    theirs = crop_flip_normalize_torchvision(
-        images, boxes.tolist(), flips.tolist(), (SIZE, SIZE), MEAN, STD, float_path=False
-    )
-    diff = float((ours - theirs).abs().max())
-    bound = 1.01 / 255 / min(STD) + 1e-4
-    if diff > bound:
-        raise AssertionError(f"the image pipelines disagree: max |diff| {diff:.5f} > {bound:.5f}")
-    # crop-window decoding: the same boxes decoded alone, then resized whole, give the fused
-    # kernel's result on the full images (the windows' pixels are identical)
-    windows = [decode_window(e, box) for (_, e, _), box in zip(readable, boxes, strict=True)]
-    whole = torch.tensor([[0, 0, w.shape[1], w.shape[2]] for w in windows])
-    from_windows = crop_flip_normalize(windows, whole, flips, SIZE, mean=MEAN, std=STD)
-    window_diff = float((from_windows - ours).abs().max())
-    if window_diff > WINDOW_BOUND:
-        raise AssertionError(
-            f"crop-window decoding disagrees with full decoding: max |diff| {window_diff:.2e}"
-        )
-    return {
-        "images": len(images),
-        "max_abs_diff": diff,
-        "bound": bound,
-        "window_max_abs_diff": window_diff,
-        "window_bound": WINDOW_BOUND,
-    }
-
-
-# --- where the time goes -------------------------------------------------------------------------
-
-
-def _median_ms(fn: Callable[[], Any], repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
-class _Samples(Dataset):
-    """Hands out the same decoded samples again and again: through a 1-worker DataLoader with
-    the pipeline's own collate, the main process then waits for collate + worker-to-main
-    transfer only (the worker allocates the batch in shared memory, as in the real run)."""
-
-    def __init__(self, samples):
-        self.samples = samples
-
-    def __len__(self):
-        return 1 << 20
-
-    def __getitem__(self, i):
-        return self.samples[i % len(self.samples)]
-
-
-def _collate_transfer_ms(
-    samples, collate, batch_size: int, repeat: int, zero_copy: bool = False
-) -> float:
-    dl = zc_loader(
-        _Samples(samples),
-        zero_copy=zero_copy,
-        batch_size=batch_size,
-        num_workers=1,
-        collate_fn=collate,
-        prefetch_factor=1,
-    )
-    it = iter(dl)
-    next(it)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = next(it)
-        times.append(time.perf_counter() - start)
-        del out
-    del it
-    return statistics.median(times) * 1e3
-
-
-def stage_breakdown(
-    files: Sequence[Path], batch_size: int, device: torch.device, repeat: int = 5
-) -> list[dict[str, Any]]:
-    """Milliseconds per batch for each stage, measured one at a time in this process (the
-    transfer through a real 1-worker DataLoader): what bounds each pipeline."""
-    readable = decodable(files, batch_size)
-    files = [f for f, _, _ in readable]
-    decoded = [image for _, _, image in readable]
-    tv = torchvision_transform()
-    fused = fused_transform()
-    transformed = [tv(i) for i in decoded]
-    float_batch = torch.stack(transformed)
-    ragged = RaggedImages.from_images(decoded)
-    read_decode = _median_ms(
-        lambda: [decode_image(read_file(str(f)), mode=ImageReadMode.RGB) for f in files], repeat
-    )
-    crop_decode = DecodeRandomCrop(generator=torch.Generator().manual_seed(0))
-    read_window = _median_ms(lambda: [crop_decode(read_file(str(f))) for f in files], repeat)
-    windows = [crop_decode(read_file(str(f))) for f in files]
-    ragged_windows = RaggedImages.from_images(windows)
-    resize = ResizeFlipNormalize(SIZE, mean=MEAN, std=STD)
-    fused_ms = _median_ms(lambda: fused(ragged), repeat)
-    images_with_labels = [(d, 0) for d in decoded]
-    rows = [
-        {
-            "stage": "read + decode (workers)",
-            "baseline_ms": read_decode,
-            "torchfeed_ms": read_decode,
-            "zero_copy_ms": read_decode,
-            "window_ms": read_window,
-        },
-        {
-            "stage": "transform (baseline: in workers)",
-            "baseline_ms": _median_ms(lambda: [tv(i) for i in decoded], repeat),
-            "torchfeed_ms": fused_ms,
-            "zero_copy_ms": fused_ms,
-            "window_ms": _median_ms(lambda: resize(ragged_windows), repeat),
-        },
-        {
-            "stage": "collate + worker -> main transfer",
-            "baseline_ms": _collate_transfer_ms(
-                [(t, 0) for t in transformed], None, len(files), repeat
-            ),
-            "torchfeed_ms": _collate_transfer_ms(
-                images_with_labels, ImageCollate(0), len(files), repeat
-            ),
-            "zero_copy_ms": _collate_transfer_ms(
-                images_with_labels, ImageCollate(0), len(files), repeat, zero_copy=True
-            ),
-            "window_ms": _collate_transfer_ms(
-                [(w, 0) for w in windows], ImageCollate(0), len(files), repeat, zero_copy=True
-            ),
-        },
-    ]
-    if device.type == "cuda":
-        from torchfeed.ring import PinnedRing
-
-        ring = PinnedRing(4 * float_batch.nbytes)
-
-        def pinned_copy():
-            float_batch.pin_memory().to(device, non_blocking=True)
-            torch.cuda.synchronize()
-
-        def ring_copy():
-            ring.to_device(ring.stage(ragged), device)
-            torch.cuda.synchronize()
-
-        shared = SharedRing(4 * ragged.data.nbytes)
-
-        def registered_copy(batch):  # straight from the page-locked shared memory
-            registered = shared.unpack(shared.pack(batch))  # as the workers leave a batch
-
-            def copy():
-                registered.data.to(device, non_blocking=True)
-                torch.cuda.synchronize()
-
-            return _median_ms(copy, repeat)
-
-        rows.append(
-            {
-                "stage": "host -> device",
-                "baseline_ms": _median_ms(pinned_copy, repeat),
-                "torchfeed_ms": _median_ms(ring_copy, repeat),
-                "zero_copy_ms": registered_copy(ragged),
-                "window_ms": registered_copy(ragged_windows),
-            }
-        )
-    else:
-        rows.append({"stage": "host -> device"})
-    rows.append(
-        {
-            "stage": "MB per batch, worker -> main",
-            "baseline_ms": float_batch.nbytes / 1e6,
-            "torchfeed_ms": ragged.data.nbytes / 1e6,
-            "zero_copy_ms": ragged.data.nbytes / 1e6,
-            "window_ms": ragged_windows.data.nbytes / 1e6,
-        }
-    )
-    return rows

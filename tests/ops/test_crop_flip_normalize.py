@@ -37,12 +37,12 @@ MODES = [("bilinear", True), ("bilinear", False), ("nearest", False)]
 def isa(request):
     """Runs a test with each instruction set of the CPU kernel (where the machine has it)."""
     before = torchfeed._C.cpu_isa()
-    now = torchfeed._C.limit_cpu_isa(request.param)
+    now = torchfeed._C._testing.limit_cpu_isa(request.param)
     if now != request.param:
-        torchfeed._C.limit_cpu_isa(before)
+        torchfeed._C._testing.limit_cpu_isa(before)
         pytest.skip(f"this CPU has no {request.param}")
     yield now
-    torchfeed._C.limit_cpu_isa("avx2")
+    torchfeed._C._testing.limit_cpu_isa("avx2")
 
 
 def images_of(sizes, channels=3, seed=0, device="cpu"):
@@ -280,7 +280,7 @@ def test_cuda_thread_bodies_match_cpu_kernel(interpolation, antialias):
         b = torch.full((6, 3, 23, 45), float("nan")).contiguous(memory_format=fmt)
         torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid, flips, mode, antialias,
                                                          MEAN, STD, a)  # fmt: skip
-        torch.ops.torchfeed._emulate_cuda_crop_flip_normalize_list_out(
+        torch.ops.torchfeed_testing.emulate_cuda_crop_flip_normalize_list_out(
             images, grid, flips, mode, antialias, MEAN, STD, b
         )
         assert (a - b).abs().max().item() <= 1e-5

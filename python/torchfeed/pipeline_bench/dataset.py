@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+__all__ = ["default_cache_dir", "ensure_builtin_dataset", "list_image_folder", "synthetic_image"]
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 DATASET_VERSION = "v1"
 

@@ -10,10 +10,12 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-from torchfeed.bench.runner import PipelineResult, run_epochs
 from torchfeed.collate import PadCollate
+from torchfeed.loader import loader
+from torchfeed.pipeline_bench.runner import PipelineResult, run_epochs
 from torchfeed.ragged import RaggedBatch
-from torchfeed.shared import loader
+
+__all__ = ["BASELINE", "PIPELINES", "TokenDataset", "check_pipelines_agree", "run"]
 
 MAX_LENGTH = 512
 

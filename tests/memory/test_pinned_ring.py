@@ -275,7 +275,7 @@ def test_stage_copies_a_nested_batch_into_one_block():
         staged["img"].data,
         staged["pad"].mask,
     ]:
-        assert ring._in_ring(t)
+        assert ring.contains(t)
     del staged, t
     assert ring.stats()["blocks_in_flight"] == 0
 

@@ -2,70 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from torchfeed.images import RaggedImages
-from torchfeed.ragged import RaggedBatch
+from torchfeed._extension import C
+from torchfeed.memory._fences import DEFAULT, RingFences, check_timeout
+from torchfeed.tree import carve, field_layout, map_tensors, tensors_of
 
-_FIELD_ALIGN = 64  # each tensor of a staged batch starts on a cache line
-
-
-def map_tensors(
-    obj: Any,
-    fn: Callable[[Any], Any],
-    is_leaf: Callable[[Any], bool] = lambda x: isinstance(x, Tensor),
-) -> Any:
-    """Applies ``fn`` to every leaf (tensor) of a nested batch (dicts, lists, tuples,
-    namedtuples, RaggedBatch, RaggedImages, Padded), rebuilding the same structure."""
-    if is_leaf(obj):
-        return fn(obj)
-    if isinstance(obj, RaggedBatch):
-        return obj._with(fn(obj.values), fn(obj.offsets))
-    if isinstance(obj, RaggedImages):
-        return obj._with(fn(obj.data))
-    if isinstance(obj, Mapping):
-        items = {k: map_tensors(v, fn, is_leaf) for k, v in obj.items()}
-        return type(obj)(items) if isinstance(obj, dict) else items
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuples, Padded among them
-        return type(obj)(*(map_tensors(v, fn, is_leaf) for v in obj))
-    if isinstance(obj, list | tuple):
-        return type(obj)(map_tensors(v, fn, is_leaf) for v in obj)
-    return obj
+__all__ = ["PinnedRing"]
 
 
-def field_layout(leaves: list[Any], nbytes: Callable[[Any], int]) -> tuple[dict[int, int], int]:
-    """Where each leaf of a batch starts in one block (each on a cache line; a leaf that occurs
-    twice is placed once), and the block's size."""
-    offsets: dict[int, int] = {}
-    total = 0
-    for leaf in leaves:
-        if id(leaf) not in offsets:
-            offsets[id(leaf)] = total
-            total += -(-nbytes(leaf) // _FIELD_ALIGN) * _FIELD_ALIGN
-    return offsets, total
-
-
-def carve(block: Tensor, start: int, nbytes: int, dtype: torch.dtype, shape) -> Tensor:
-    """The tensor of ``dtype`` and ``shape`` stored at ``block[start : start + nbytes]``."""
-    return block[start : start + nbytes].view(dtype).view(tuple(shape))
-
-
-def tensors_of(obj: Any) -> list[Tensor]:
-    found: list[Tensor] = []
-
-    def visit(t: Tensor) -> Tensor:
-        found.append(t)
-        return t
-
-    map_tensors(obj, visit)
-    return found
-
-
-class PinnedRing:
+class PinnedRing(RingFences):
     """One arena of ``capacity`` bytes, allocated once: page-locked through the CUDA runtime
     when a GPU is usable (``pinned=None``), page-aligned host memory otherwise (optionally
     ``mlock``-ed). Blocks of exact sizes (rounded up to ``alignment``) are handed out in FIFO
@@ -86,37 +35,27 @@ class PinnedRing:
         alignment: int = 256,
         pinned: bool | None = None,
         mlock: bool = False,
-        timeout: float = 30.0,
+        timeout: float | None = 30.0,
     ) -> None:
-        from torchfeed import _C
-
         for name, value in (("capacity", capacity), ("alignment", alignment)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        self.timeout = float(timeout)
+        self.timeout = check_timeout(timeout)
         flag = -1 if pinned is None else int(bool(pinned))
-        self._ring = _C._PinnedRing(capacity, alignment, flag, bool(mlock))
-        self._base = self._ring.base_address  # tells ring tensors from others
+        self._ring = C._PinnedRing(capacity, alignment, flag, bool(mlock))
+        self._base = self._ring.data_address
 
     # --- the raw block interface ---------------------------------------------------------------
-    def allocate(self, nbytes: int, timeout: float | None = None) -> Tensor:
+    def allocate(self, nbytes: int, timeout: float | None = DEFAULT) -> Tensor:
         """A uint8 tensor ``[nbytes]`` over a fresh block, held until it (and every view of it)
         is freed."""
-        return self._ring.allocate(nbytes, self.timeout if timeout is None else timeout)
-
-    @property
-    def capacity(self) -> int:
-        return self._ring.capacity
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+            raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
+        return self._ring.allocate(nbytes, self._wait(timeout))
 
     @property
     def alignment(self) -> int:
         return self._ring.alignment
-
-    @property
-    def pinned(self) -> bool:
-        return self._ring.pinned
 
     def stats(self) -> dict[str, Any]:
         """capacity, bytes_in_use, high_water, blocks_in_flight, allocations, waits,
@@ -128,14 +67,14 @@ class PinnedRing:
         return self._ring.blocks()
 
     # --- batches -------------------------------------------------------------------------------
-    def stage(self, batch: Any, timeout: float | None = None) -> Any:
+    def stage(self, batch: Any, timeout: float | None = DEFAULT) -> Any:
         """Copies every CPU tensor of a nested batch into ONE ring block and returns the same
         structure viewing ring memory (``is_pinned()`` on a GPU machine). Tensors already on a
         device are left as they are."""
         leaves = [t for t in tensors_of(batch) if t.device.type == "cpu"]
         if not leaves:
             return batch
-        offsets, total = field_layout(leaves, lambda t: t.nbytes)
+        offsets, total = field_layout(leaves)
         block = self.allocate(total, timeout)
 
         def place(t: Tensor) -> Tensor:
@@ -146,9 +85,6 @@ class PinnedRing:
             return view
 
         return map_tensors(batch, place)
-
-    def _in_ring(self, t: Tensor) -> bool:
-        return t.device.type == "cpu" and self._base <= t.data_ptr() < self._base + self.capacity
 
     def to_device(
         self,
@@ -172,9 +108,7 @@ class PinnedRing:
         stream = consumer if stream is None else stream
         with torch.cuda.stream(stream):
             out = map_tensors(staged, lambda t: t.to(device, non_blocking=non_blocking))
-        for t in tensors_of(staged):
-            if self._in_ring(t):
-                self._ring.record(t, stream.cuda_stream, device.index)
+        self.record_copies(tensors_of(staged), stream)
         if stream != consumer:
             consumer.wait_stream(stream)
             for t in tensors_of(out):
@@ -183,11 +117,11 @@ class PinnedRing:
         return out
 
     # --- lifetime ------------------------------------------------------------------------------
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = DEFAULT) -> None:
         """No more allocations; frees the arena once no copy from it is pending (waiting up to
         ``timeout`` seconds for those). Tensors still viewing the ring keep the arena alive
         until they are freed."""
-        self._ring.close(self.timeout if timeout is None else timeout)
+        self._ring.close(self._wait(timeout))
 
     @property
     def closed(self) -> bool:

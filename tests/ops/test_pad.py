@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from torch.nn.utils.rnn import pad_sequence
 
 import torchfeed
-import torchfeed.padding as pad_module
+import torchfeed.ops._dispatch as dispatch
+import torchfeed.ops.pad as pad_module
 from torchfeed import reference
 
 from helpers import ALL_DTYPES, DEVICES, assert_bits_equal, random_values
@@ -250,8 +251,8 @@ def test_meta_tensors_give_shapes():
 
 @pytest.fixture
 def no_kernels(monkeypatch):
-    monkeypatch.setattr(pad_module, "_has_kernel", lambda op, device_type: False)
-    monkeypatch.setattr(pad_module, "_warn_fallback", lambda op, device_type: None)
+    monkeypatch.setattr(pad_module, "has_kernel", lambda op, device_type: False)
+    monkeypatch.setattr(pad_module, "warn_fallback", lambda *args: None)
 
 
 def test_reference_fallback_matches_kernels(no_kernels):
@@ -262,8 +263,8 @@ def test_reference_fallback_matches_kernels(no_kernels):
 
 
 def test_fallback_warns_once_per_device(monkeypatch):
-    monkeypatch.setattr(pad_module, "_warned", set())
-    monkeypatch.setattr(pad_module, "_has_kernel", lambda op, device_type: False)
+    monkeypatch.setattr(dispatch, "_warned", set())
+    monkeypatch.setattr(pad_module, "has_kernel", lambda op, device_type: False)
     with pytest.warns(RuntimeWarning, match="no compiled kernel for cpu tensors"):
         torchfeed.pad([torch.arange(3)])
     torchfeed.pad([torch.arange(3)])  # a second call does not warn (warnings are errors here)
@@ -284,8 +285,8 @@ BAD_LISTS = [
 @pytest.mark.parametrize(("seqs", "error", "match"), BAD_LISTS)
 def test_bad_sequences(path, seqs, error, match, monkeypatch):
     if path == "reference":
-        monkeypatch.setattr(pad_module, "_has_kernel", lambda op, device_type: False)
-        monkeypatch.setattr(pad_module, "_warn_fallback", lambda op, device_type: None)
+        monkeypatch.setattr(pad_module, "has_kernel", lambda op, device_type: False)
+        monkeypatch.setattr(pad_module, "warn_fallback", lambda *args: None)
     with pytest.raises(error, match=match):
         torchfeed.pad(seqs)
 
@@ -300,8 +301,8 @@ def test_mixed_devices():
 
 def test_mixed_devices_reference_path(monkeypatch):
     # Without a GPU, the check is shown on the reference path with a meta tensor.
-    monkeypatch.setattr(pad_module, "_has_kernel", lambda op, device_type: False)
-    monkeypatch.setattr(pad_module, "_warn_fallback", lambda op, device_type: None)
+    monkeypatch.setattr(pad_module, "has_kernel", lambda op, device_type: False)
+    monkeypatch.setattr(pad_module, "warn_fallback", lambda *args: None)
     with pytest.raises(ValueError, match=r"sequences\[1\] is on meta but sequences\[0\] is on cpu"):
         torchfeed.pad([torch.arange(3), torch.empty(3, dtype=torch.int64, device="meta")])
 
@@ -405,7 +406,7 @@ def test_cuda_thread_body_matches_cpu_kernel(dtype):
         ):
             args = (values, offsets, longest + extra, 1, left, max_length, trunc)
             want = torch.ops.torchfeed.pad_packed(*args)
-            got = torch.ops.torchfeed._emulate_cuda_pad_packed(*args)
+            got = torch.ops.torchfeed_testing.emulate_cuda_pad_packed(*args)
             for a, b in zip(got, want, strict=True):
                 assert_bits_equal(a, b)
 

@@ -4,12 +4,13 @@ reported apart; the rest give the median throughput."""
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchfeed.bench.report import median
+__all__ = ["PipelineResult", "run_epochs"]
 
 
 @dataclass
@@ -23,7 +24,7 @@ class PipelineResult:
 
     @property
     def median_epoch_seconds(self) -> float:
-        return median(self.epoch_seconds)
+        return statistics.median(self.epoch_seconds) if self.epoch_seconds else float("nan")
 
     @property
     def samples_per_second(self) -> float:

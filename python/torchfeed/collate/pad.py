@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import numbers
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
@@ -9,18 +10,21 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import get_worker_info
 
-from torchfeed.images import private_collate
-from torchfeed.padding import (
+from torchfeed._compat import UNSET, renamed
+from torchfeed.collate._fields import collate_field
+from torchfeed.ops.pad import (
+    PadOptions,
     PadValue,
     Side,
-    check_length_options,
     check_pad_value,
-    check_side,
-    pad,
+    check_sequences,
+    pad_with,
 )
 from torchfeed.ragged import RaggedBatch
+
+__all__ = ["PadCollate"]
 
 Key = Hashable
 
@@ -59,9 +63,12 @@ class PadCollate:
         max_length: int | None = None,
         truncation_side: Side | None = None,
         packed: bool = False,
-        ring: Any = None,
+        shared_ring: Any = None,
+        ring: Any = UNSET,
     ) -> None:
-        self.ring = ring  # a torchfeed.shared.SharedRing: workers collate into it (zero copy)
+        shared_ring = renamed("PadCollate", "ring", "shared_ring", ring, shared_ring)
+        # a torchfeed.SharedRing: inside DataLoader workers, batches are collated into it
+        self.shared_ring = shared_ring
         if ragged is None:
             self.ragged: dict[Key, PadValue] = {}
         elif isinstance(ragged, Mapping):
@@ -103,11 +110,23 @@ class PadCollate:
         self.packed = packed
         self.padding_side: Side = padding_side or "right"
         self.truncation_side: Side = truncation_side or "right"
-        check_side("padding_side", self.padding_side)
-        check_side("truncation_side", self.truncation_side)
-        check_length_options(pad_to_multiple_of, max_length)
         self.pad_to_multiple_of = pad_to_multiple_of
         self.max_length = max_length
+        # One options value per ragged field (each has its own pad value; None: bare tensors),
+        # validated here, once.
+        self.options = {
+            key: PadOptions(
+                value, self.padding_side, pad_to_multiple_of, max_length, self.truncation_side
+            )
+            for key, value in [*self.ragged.items(), (None, pad_value)]
+        }
+
+    def with_shared_ring(self, shared_ring: Any) -> PadCollate:
+        """A copy of this collate that packs its batches into ``shared_ring`` inside DataLoader
+        workers (``None``: a copy that does not); this one is left as it is."""
+        bound = copy.copy(self)
+        bound.shared_ring = shared_ring
+        return bound
 
     def _names(self, arg: str, given: Mapping[Key, str | None] | None, suffix: str):
         given = dict(given or {})
@@ -133,17 +152,12 @@ class PadCollate:
 
     # --- collation ----------------------------------------------------------------------------
     def __call__(self, batch: Sequence[Any]) -> Any:
-        if self.ring is not None and get_worker_info() is not None:
-            self._private = True  # fixed fields in private memory: the ring replaces shm
-            try:
-                return self.ring.pack(self._collate(batch))
-            finally:
-                self._private = False
-        return self._collate(batch)
+        if self.shared_ring is not None and get_worker_info() is not None:
+            # fixed fields in private memory: the ring replaces the worker's shared memory
+            return self.shared_ring.pack(self._collate(batch, private=True))
+        return self._collate(batch, private=False)
 
-    _private = False
-
-    def _collate(self, batch: Sequence[Any]) -> Any:
+    def _collate(self, batch: Sequence[Any], private: bool) -> Any:
         if not isinstance(batch, Sequence) or isinstance(batch, str | bytes):
             raise TypeError(
                 f"PadCollate: batch must be a list of samples, got {type(batch).__name__}"
@@ -153,13 +167,13 @@ class PadCollate:
         first = batch[0]
         if isinstance(first, Tensor):
             self._check_kinds(batch, Tensor, "a tensor")
-            return self._ragged_field(None, list(batch), self.pad_value)
+            return self._ragged_field(None, list(batch))
         if isinstance(first, Mapping):
             self._check_kinds(batch, Mapping, "a dict")
-            return self._collate_dicts(batch)
+            return self._collate_dicts(batch, private)
         if isinstance(first, tuple | list):
             self._check_kinds(batch, tuple | list, "a tuple or list")
-            return self._collate_tuples(batch)
+            return self._collate_tuples(batch, private)
         raise TypeError(
             "PadCollate: samples must be dicts, tuples/lists or tensors, got "
             f"{type(first).__name__}"
@@ -173,7 +187,7 @@ class PadCollate:
                     f"PadCollate: sample 0 is {what} but sample {i} is {type(sample).__name__}"
                 )
 
-    def _collate_dicts(self, batch: Sequence[Mapping]) -> dict:
+    def _collate_dicts(self, batch: Sequence[Mapping], private: bool) -> dict:
         keys = list(batch[0].keys())
         key_set = set(keys)
         for i, sample in enumerate(batch):
@@ -191,9 +205,9 @@ class PadCollate:
         for key in keys:
             values = [sample[key] for sample in batch]
             if key not in self.ragged:
-                out[key] = self._fixed_field(key, values, self._private)
+                out[key] = collate_field(key, values, private)
                 continue
-            result = self._ragged_field(key, values, self.ragged[key])
+            result = self._ragged_field(key, values)
             if self.packed:
                 out[key] = result
                 continue
@@ -212,7 +226,7 @@ class PadCollate:
                 out[extra_name] = tensor
         return out
 
-    def _collate_tuples(self, batch: Sequence[Sequence]) -> Any:
+    def _collate_tuples(self, batch: Sequence[Sequence], private: bool) -> Any:
         width = len(batch[0])
         for i, sample in enumerate(batch):
             if len(sample) != width:
@@ -228,15 +242,15 @@ class PadCollate:
         for j in range(width):
             values = [sample[j] for sample in batch]
             if j in self.ragged:
-                fields.append(self._ragged_field(j, values, self.ragged[j]))
+                fields.append(self._ragged_field(j, values))
             else:
-                fields.append(self._fixed_field(j, values, self._private))
+                fields.append(collate_field(j, values, private))
         sample = batch[0]
         if isinstance(sample, tuple) and hasattr(sample, "_fields"):  # namedtuple
             return type(sample)(*fields)
         return type(sample)(fields) if isinstance(sample, tuple) else fields
 
-    def _ragged_field(self, key: Key | None, values: list, pad_value: PadValue):
+    def _ragged_field(self, key: Key | None, values: list):
         where = "" if key is None else f"field {key!r} of "
         for i, v in enumerate(values):
             if isinstance(v, np.ndarray):
@@ -251,49 +265,10 @@ class PadCollate:
             if self.max_length is not None:
                 batch = batch.truncate(self.max_length, self.truncation_side)
             return batch
+        seqs = check_sequences(values)
+        options = self.options[key]
         try:
-            check_pad_value(pad_value, values[0].dtype)
+            check_pad_value(options.pad_value, seqs[0].dtype)
         except ValueError as e:
             raise ValueError(f"PadCollate: {where}{e}") from None
-        return pad(
-            values,
-            pad_value=pad_value,
-            padding_side=self.padding_side,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            max_length=self.max_length,
-            truncation_side=self.truncation_side,
-        )
-
-    @staticmethod
-    def _fixed_field(key: Key, values: list, private: bool = False) -> Any:
-        first = values[0]
-        if isinstance(first, Tensor | np.ndarray):
-            tensors = []
-            for i, v in enumerate(values):
-                if not isinstance(v, Tensor | np.ndarray):
-                    raise TypeError(
-                        f"PadCollate: field {key!r} is a tensor in sample 0 but a "
-                        f"{type(v).__name__} in sample {i}"
-                    )
-                t = torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-                ref = tensors[0] if tensors else t
-                if t.shape != ref.shape:
-                    raise ValueError(
-                        f"PadCollate: field {key!r} has shape {list(ref.shape)} in sample 0 but "
-                        f"{list(t.shape)} in sample {i}; name it in ragged= to pad it"
-                    )
-                if t.dtype != ref.dtype or t.device != ref.device:
-                    raise TypeError(
-                        f"PadCollate: field {key!r} is {ref.dtype} on {ref.device} in sample 0 "
-                        f"but {t.dtype} on {t.device} in sample {i}"
-                    )
-                tensors.append(t)
-            # default_collate stacks straight into shared memory inside a worker process.
-            return torch.stack(tensors) if private else default_collate(tensors)
-        if isinstance(first, bool | int | float | np.number | np.bool_):
-            if all(isinstance(v, bool | int | float | np.number | np.bool_) for v in values):
-                return private_collate(values) if private else default_collate(values)
-            return list(values)
-        if isinstance(first, Mapping | tuple | list) and not isinstance(first, str):
-            return default_collate(values)
-        return list(values)
+        return pad_with(seqs, options)

@@ -1,0 +1,103 @@
+#include "memory/fence.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <ctime>
+#include <limits>
+#include <memory>
+
+#ifdef TORCHFEED_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace torchfeed {
+
+RingTimeoutError::RingTimeoutError(const std::string& what) : std::runtime_error(what) {}
+
+Deadline::Deadline(const char* who, double timeout_s)
+    : forever_(timeout_s < 0), seconds_(timeout_s) {
+  if (std::isnan(timeout_s) || std::isinf(timeout_s) || timeout_s == 0) {
+    throw std::invalid_argument(std::string(who) +
+                                ": timeout must be a finite number of seconds > 0 (or None to "
+                                "wait without limit), got " +
+                                std::to_string(timeout_s));
+  }
+  if (!forever_) {
+    // A year is as good as forever and keeps the time_point arithmetic far from overflow.
+    const double capped = std::min(timeout_s, 365.0 * 24 * 3600);
+    at_ = Clock::now() +
+          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(capped));
+  }
+}
+
+Deadline::Clock::time_point Deadline::next_wake(std::chrono::milliseconds slice) const {
+  const Clock::time_point soon = Clock::now() + slice;
+  return forever_ || soon < at_ ? soon : at_;
+}
+
+void Deadline::next_wake_monotonic(std::chrono::milliseconds slice, int64_t* sec,
+                                   int64_t* nsec) const {
+  // steady_clock is CLOCK_MONOTONIC on Linux (libstdc++ and libc++).
+  const auto since_epoch = next_wake(slice).time_since_epoch();
+  const auto s = std::chrono::duration_cast<std::chrono::seconds>(since_epoch);
+  *sec = s.count();
+  *nsec = std::chrono::duration_cast<std::chrono::nanoseconds>(since_epoch - s).count();
+}
+
+std::string Deadline::describe() const { return "after " + std::to_string(seconds_) + " s"; }
+
+void after_stream_work(const char* who, int64_t stream, int64_t device,
+                       std::function<void()> done) {
+#ifdef TORCHFEED_WITH_CUDA
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string(who) + ": cudaGetDevice failed");
+  }
+  // The stream belongs to `device`: queue the fence with that device current.
+  if (current != device && cudaSetDevice(static_cast<int>(device)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string(who) + ": cudaSetDevice(" + std::to_string(device) +
+                             ") failed");
+  }
+  auto* fn = new std::function<void()>(std::move(done));
+  const cudaError_t err = cudaLaunchHostFunc(
+      reinterpret_cast<cudaStream_t>(stream),
+      [](void* p) {
+        std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(p));
+        (*f)();
+      },
+      fn);
+  if (current != device) (void)cudaSetDevice(current);
+  if (err != cudaSuccess) {
+    delete fn;
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string(who) +
+                             ": cudaLaunchHostFunc failed: " + cudaGetErrorString(err));
+  }
+#else
+  (void)stream;
+  (void)device;
+  (void)done;
+  throw std::invalid_argument(std::string(who) +
+                              ": this build of torchfeed has no CUDA support; there is no copy "
+                              "to fence");
+#endif
+}
+
+void check_ring_capacity(const char* who, int64_t capacity) {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;  // unknown: let the allocation decide
+  const int64_t physical = static_cast<int64_t>(pages) > std::numeric_limits<int64_t>::max() / page
+                               ? std::numeric_limits<int64_t>::max()
+                               : static_cast<int64_t>(pages) * page;
+  if (capacity > physical) {
+    throw std::invalid_argument(std::string(who) + ": capacity " + std::to_string(capacity) +
+                                " bytes is more than this machine's physical memory (" +
+                                std::to_string(physical) + " bytes)");
+  }
+}
+
+}  // namespace torchfeed

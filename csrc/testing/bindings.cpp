@@ -1,0 +1,22 @@
+#include "testing/bindings.h"
+
+#include <string>
+
+#include "common/cpu_isa.h"
+
+namespace torchfeed::testing {
+
+void bind(pybind11::module_& m) {
+  pybind11::module_ t = m.def_submodule("_testing", "Test hooks (not part of the API).");
+  t.def(
+      "limit_cpu_isa",
+      [](const std::string& limit) {
+        TORCH_CHECK_VALUE(limit == "avx2" || limit == "baseline",
+                          "limit_cpu_isa: expected 'avx2' or 'baseline', got '", limit, "'");
+        return std::string(
+            cpu_isa_name(limit_cpu_isa(limit == "avx2" ? CpuIsa::kAvx2 : CpuIsa::kBaseline)));
+      },
+      "Caps the CPU kernels' instruction set; returns the one now in use.");
+}
+
+}  // namespace torchfeed::testing

@@ -1,1 +1,0 @@
-"""``torchfeed bench``: end-to-end input-pipeline benchmarks, baseline vs torchfeed."""

@@ -1,0 +1,81 @@
+"""The fields of a batch that are not ragged: how they are collated, and the checks that every
+sample agrees on what a field is."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import default_collate
+
+__all__ = ["collate_field", "field_kind", "private_collate"]
+
+_NUMBER = (bool, int, float, np.number, np.bool_)
+
+
+def field_kind(value: Any) -> str:
+    """What a field's value is, for collation: "tensor" (tensors and numpy arrays, stacked),
+    "number" (to a tensor), "nested" (dicts, lists, tuples: default_collate), "other" (strings
+    and any other object: kept as a list)."""
+    if isinstance(value, Tensor | np.ndarray):
+        return "tensor"
+    if isinstance(value, _NUMBER):
+        return "number"
+    if isinstance(value, Mapping | tuple | list):
+        return "nested"
+    return "other"
+
+
+def _check_kind(key: Hashable, values: Sequence[Any]) -> str:
+    kind = field_kind(values[0])
+    for i, v in enumerate(values):
+        if field_kind(v) != kind:
+            what = kind if kind in ("tensor", "number") else type(values[0]).__name__
+            raise TypeError(
+                f"field {key!r} is a {what} in sample 0 but a {type(v).__name__} in sample {i}: "
+                "every sample must give a field the same kind of value (a tensor or array, a "
+                "number, a dict/list/tuple, or any other object)"
+            )
+    return kind
+
+
+def private_collate(values: list) -> Any:
+    """default_collate in private memory (default_collate allocates shared memory inside a
+    worker, which a zero-copy batch replaces with the ring)."""
+    first = values[0]
+    if isinstance(first, Tensor):
+        return torch.stack(values)
+    if isinstance(first, bool | int | float) and all(type(v) is type(first) for v in values):
+        return torch.tensor(values, dtype=torch.float64 if isinstance(first, float) else None)
+    return default_collate(values)
+
+
+def collate_field(key: Hashable, values: list, private: bool = False) -> Any:
+    """A field that is not padded: tensors and arrays stacked (shapes, dtypes and devices must
+    agree), numbers to a tensor, nested values through ``default_collate``, anything else kept
+    as a list. ``private``: allocate in private memory (for a zero-copy batch)."""
+    kind = _check_kind(key, values)
+    if kind == "tensor":
+        tensors = [torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in values]
+        ref = tensors[0]
+        for i, t in enumerate(tensors):
+            if t.shape != ref.shape:
+                raise ValueError(
+                    f"field {key!r} has shape {list(ref.shape)} in sample 0 but "
+                    f"{list(t.shape)} in sample {i}; name it in ragged= to pad it"
+                )
+            if t.dtype != ref.dtype or t.device != ref.device:
+                raise TypeError(
+                    f"field {key!r} is {ref.dtype} on {ref.device} in sample 0 but {t.dtype} on "
+                    f"{t.device} in sample {i}"
+                )
+        # default_collate stacks straight into shared memory inside a worker process.
+        return torch.stack(tensors) if private else default_collate(tensors)
+    if kind == "number":
+        return private_collate(values) if private else default_collate(values)
+    if kind == "nested":
+        return default_collate(values)
+    return list(values)

@@ -1,0 +1,126 @@
+"""ImageCollate: a ``collate_fn`` for samples holding one image of any size."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor
+from torch.utils.data import default_collate, get_worker_info
+
+from torchfeed._compat import UNSET, renamed
+from torchfeed.collate._fields import private_collate
+from torchfeed.images import Layout, RaggedImages, check_layout, image_shapes, storage_views
+from torchfeed.tree import Lazy, concat
+
+__all__ = ["ImageCollate"]
+
+
+class ImageCollate:
+    """A ``collate_fn`` for samples holding one image of any size: the image field becomes a
+    :class:`RaggedImages` (one buffer, in shared memory inside a worker), every other field goes
+    through ``default_collate``. Samples are dicts (``image_key`` a key), tuples (a position) or
+    bare images."""
+
+    def __init__(
+        self,
+        image_key: str | int = 0,
+        layout: Layout = "CHW",
+        transform: Any = None,
+        *,
+        shared_ring: Any = None,
+        ring: Any = UNSET,
+    ) -> None:
+        shared_ring = renamed("ImageCollate", "ring", "shared_ring", ring, shared_ring)
+        check_layout(layout)
+        if transform is not None:
+            if not hasattr(transform, "apply") or not hasattr(transform, "output_shape"):
+                raise TypeError(
+                    "transform must be a torchfeed batch transform "
+                    "(RandomResizedCropFlipNormalize, ResizeFlipNormalize or "
+                    f"ResizeCenterCropNormalize), got {type(transform).__name__}"
+                )
+            if transform.image_layout != layout:
+                raise ValueError(
+                    f"transform.image_layout={transform.image_layout!r} but the collate's "
+                    f"layout={layout!r}: they must agree"
+                )
+        self.image_key = image_key
+        self.layout = layout
+        # a torchfeed.SharedRing: inside DataLoader workers, batches are collated into it
+        self.shared_ring = shared_ring
+        self.transform = transform  # applied to the batch here (in the workers)
+
+    def with_shared_ring(self, shared_ring: Any) -> ImageCollate:
+        """A copy of this collate that packs its batches into ``shared_ring`` inside DataLoader
+        workers (``None``: a copy that does not); this one is left as it is."""
+        bound = copy.copy(self)
+        bound.shared_ring = shared_ring
+        return bound
+
+    def __call__(self, batch: Sequence[Any]) -> Any:
+        if not batch:
+            raise ValueError("ImageCollate: batch is empty")
+        zero_copy = self.shared_ring is not None and get_worker_info() is not None
+        if self.transform is not None:
+            pack_images = self._lazy_transformed if zero_copy else self._transformed
+        else:
+            pack_images = _lazy_images if zero_copy else RaggedImages.from_images
+        other = private_collate if zero_copy else default_collate
+        first = batch[0]
+        if isinstance(first, Tensor):
+            out: Any = pack_images(batch, self.layout)
+        elif isinstance(first, Mapping):
+            if self.image_key not in first:
+                raise KeyError(f"ImageCollate: samples have no field {self.image_key!r}")
+            out = {
+                k: pack_images([s[k] for s in batch], self.layout)
+                if k == self.image_key
+                else other([s[k] for s in batch])
+                for k in first
+            }
+        elif isinstance(first, tuple | list):
+            key = self.image_key
+            if not isinstance(key, int) or not 0 <= key < len(first):
+                raise KeyError(f"ImageCollate: samples have no position {key!r}")
+            fields = [
+                pack_images([s[j] for s in batch], self.layout)
+                if j == key
+                else other([s[j] for s in batch])
+                for j in range(len(first))
+            ]
+            out = type(first)(fields) if isinstance(first, tuple) else fields
+        else:
+            raise TypeError(
+                f"ImageCollate: samples must be images, dicts or tuples, got {type(first).__name__}"
+            )
+        return self.shared_ring.pack(out) if zero_copy else out
+
+    def _transformed(self, images: Sequence[Tensor], layout: Layout) -> Tensor:
+        return self.transform.apply(list(images))[0]
+
+    def _lazy_transformed(self, images: Sequence[Tensor], layout: Layout) -> Any:
+        """The transform's output, written by the fused kernel straight into the ring."""
+        images = list(images)
+        channels = image_shapes(images, layout)[0][0]
+        b, c, h, w = self.transform.output_shape(len(images), channels)
+        if self.transform.channels_last:  # stored as [B, H, W, C], viewed as [B, C, H, W]
+            shape, permute = (b, h, w, c), (0, 3, 1, 2)
+        else:
+            shape, permute = (b, c, h, w), None
+        return Lazy(
+            self.transform.dtype,
+            shape,
+            lambda out: self.transform.apply(images, out=out),
+            lambda: self._transformed(images, layout),
+            permute,
+        )
+
+
+def _lazy_images(images: Sequence[Tensor], layout: Layout) -> RaggedImages:
+    """RaggedImages whose buffer ``SharedRing.pack`` writes straight into the ring."""
+    images = list(images)
+    shapes = image_shapes(images, layout)
+    views, stored = storage_views(images, layout)
+    return RaggedImages.over(concat(views), shapes, stored)

@@ -1,0 +1,76 @@
+"""Skipping corrupt samples, with a bound, a log and a record of what was skipped."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+__all__ = ["SkipCorrupt"]
+
+log = logging.getLogger("torchfeed.data")
+
+
+class SkipCorrupt(Dataset):
+    """Wraps a map-style dataset: when reading sample i raises, logs the index and the error
+    once, and returns another sample instead, chosen deterministically (i + 1, i + 2, ... modulo
+    the length), trying at most ``max_retries`` others; if they all fail, raises a RuntimeError
+    naming them. ``skipped_indices`` lists the samples that failed, gathered from every worker
+    (it lives in shared memory). ``on_error(index, error)`` is called for each failure."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        max_retries: int = 10,
+        on_error: Callable[[int, BaseException], None] | None = None,
+        errors: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+    ) -> None:
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.dataset = dataset
+        self.max_retries = int(max_retries)
+        self.on_error = on_error
+        self.errors = errors
+        n = len(dataset)  # type: ignore[arg-type]
+        self._failed = torch.zeros((n + 7) // 8, dtype=torch.uint8).share_memory_()
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def _mark(self, i: int, error: BaseException) -> None:
+        byte, bit = divmod(i, 8)
+        if not int(self._failed[byte]) >> bit & 1:
+            self._failed[byte] |= 1 << bit
+            log.warning(
+                "SkipCorrupt: sample %d failed (%s: %s); using another",
+                i,
+                type(error).__name__,
+                error,
+            )
+        if self.on_error is not None:
+            self.on_error(i, error)
+
+    def __getitem__(self, i: int) -> Any:
+        n = len(self)
+        tried = []
+        for k in range(self.max_retries + 1):
+            j = (i + k) % n
+            try:
+                return self.dataset[j]
+            except self.errors as e:
+                self._mark(j, e)
+                tried.append(j)
+                last = e
+        raise RuntimeError(
+            f"SkipCorrupt: sample {i} and the {self.max_retries} after it all failed "
+            f"(indices {tried}); last error: {type(last).__name__}: {last}"
+        ) from last
+
+    @property
+    def skipped_indices(self) -> list[int]:
+        bits = np.unpackbits(self._failed.numpy(), bitorder="little")[: len(self)]
+        return np.flatnonzero(bits).tolist()

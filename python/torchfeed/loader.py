@@ -1,0 +1,146 @@
+"""Zero-copy loading: DataLoader workers collate straight into a shared (and, on a GPU machine,
+page-locked) ring that the main process created, and send a small handle instead of tensors.
+
+Usual path: a worker's collate output becomes one fresh shared-memory file per tensor (file
+creation, descriptor passing, page faults on new pages); then the main process's pin thread
+copies it into pinned memory. Here the worker writes its batch once, into memory that stays
+mapped in every process and is already registered with the CUDA runtime.
+
+The ring is an explicit collaborator: the loader hands the workers a copy of the collate bound
+to it (``collate_fn.with_shared_ring(ring)``), never changes the caller's collate, and tells a
+consumer where its batches live through :meth:`ZeroCopyLoader.host_memory` (which
+:class:`~torchfeed.DevicePrefetcher` asks, to fence the ring's regions after its copies).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from torchfeed.memory.shared_ring import RingHandle, SharedRing
+from torchfeed.tree import tensors_of
+
+__all__ = ["ZeroCopyLoader", "loader"]
+
+
+def _bind(collate_fn: Callable, ring: SharedRing | None) -> Callable:
+    """``collate_fn`` bound to ``ring`` (a copy: the caller's object is never changed)."""
+    if hasattr(collate_fn, "with_shared_ring"):
+        return collate_fn.with_shared_ring(ring)
+    bound = copy.copy(collate_fn)  # the 0.1 protocol: a `ring` attribute (deprecated)
+    bound.ring = ring
+    return bound
+
+
+class ZeroCopyLoader(DataLoader):
+    """A DataLoader whose workers collate straight into a :class:`SharedRing`.
+
+    ``collate_fn`` must be ring-aware: :class:`~torchfeed.PadCollate`,
+    :class:`~torchfeed.ImageCollate`, or any callable with ``with_shared_ring(ring)`` returning
+    a copy of itself that returns ``ring.pack(batch)`` inside workers. The batches you get are
+    identical to the ordinary path's; with ``num_workers=0`` there is nothing to share and it is
+    an ordinary DataLoader. ``ring_capacity`` (bytes) defaults to enough for every batch the
+    workers can have in flight, measured on a first batch collated in this process;
+    ``ring_timeout`` is how long a worker waits for space (seconds, or None: forever).
+    """
+
+    def __init__(
+        self,
+        dataset,
+        *,
+        collate_fn: Callable,
+        ring_capacity: int | None = None,
+        ring_timeout: float | None = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        if not hasattr(collate_fn, "with_shared_ring"):
+            if not hasattr(collate_fn, "ring"):
+                raise TypeError(
+                    "zero_copy needs a ring-aware collate_fn (torchfeed.PadCollate, "
+                    "torchfeed.ImageCollate, or one with a with_shared_ring(ring) method), got "
+                    f"{collate_fn!r}"
+                )
+            warnings.warn(
+                "a collate_fn with a `ring` attribute is deprecated for zero_copy: give it a "
+                "with_shared_ring(ring) method that returns a bound copy",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        if ring_capacity is None and (
+            isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")
+        ):
+            raise TypeError(
+                f"zero_copy over a {type(dataset).__name__} (not a map-style dataset, which it "
+                "could index to measure a first batch) needs ring_capacity=<bytes>"
+            )
+        super().__init__(dataset, collate_fn=_bind(collate_fn, None), **kwargs)
+        self._unbound_collate = collate_fn
+        self.shared_ring: SharedRing | None = None
+        self._ring_capacity = ring_capacity
+        self._ring_timeout = ring_timeout
+
+    def host_memory(self) -> SharedRing | None:
+        """Where the batches live: the shared ring (None before the first epoch, or with no
+        workers). A consumer that copies them to a device fences its regions
+        (``record_copies``)."""
+        return self.shared_ring
+
+    def _make_ring(self) -> None:
+        capacity = self._ring_capacity
+        if capacity is None:
+            first = [self.dataset[i] for i in range(min(self.batch_size or 1, len(self.dataset)))]
+            nbytes = sum(
+                t.numel() * t.element_size() for t in tensors_of(self._unbound_collate(first))
+            )
+            in_flight = self.num_workers * (self.prefetch_factor or 2) + 4
+            capacity = int(nbytes * 1.5 + 4096) * in_flight
+        self.shared_ring = SharedRing(capacity, timeout=self._ring_timeout)
+        self.collate_fn = _bind(self._unbound_collate, self.shared_ring)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.num_workers == 0:
+            return super().__iter__()
+        if self.shared_ring is None:
+            self._make_ring()  # before the workers start: they map it when they do
+        ring = self.shared_ring
+        assert ring is not None
+        ring.reclaim_dead()  # regions of workers lost in an earlier epoch
+        start = ring.next_generation()
+        it = super().__iter__()  # persistent workers: the previous epoch's leftovers are dropped
+        # Batches written for an earlier epoch and never handed out (discarded by the
+        # DataLoader's reset, or lost with a dead worker) can never be unpacked: free them.
+        # (One iterator per loader at a time, as with persistent workers.)
+        ring.reclaim_before(start)
+        return _Unpacking(it, ring)
+
+
+class _Unpacking:
+    def __init__(self, it: Iterator[Any], ring: SharedRing) -> None:
+        self._it, self._ring = it, ring
+
+    def __iter__(self) -> _Unpacking:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._it)
+        return self._ring.unpack(batch) if isinstance(batch, RingHandle) else batch
+
+    def __len__(self) -> int:
+        return len(self._it)  # type: ignore[arg-type]
+
+
+def loader(dataset, *, zero_copy: bool = False, **kwargs: Any) -> DataLoader:
+    """A DataLoader; with ``zero_copy=True`` its workers collate straight into a shared,
+    page-locked ring (:class:`ZeroCopyLoader`)."""
+    if zero_copy:
+        return ZeroCopyLoader(dataset, **kwargs)
+    collate_fn = kwargs.get("collate_fn")
+    if collate_fn is not None and getattr(collate_fn, "shared_ring", None) is not None:
+        kwargs["collate_fn"] = collate_fn.with_shared_ring(
+            None
+        )  # an ordinary loader unpacks nothing
+    return DataLoader(dataset, **kwargs)

@@ -1,0 +1,83 @@
+"""The decode_jpeg_window op: the RGB pixels of one window of a JPEG, decoding only what the
+window needs (``csrc/io/jpeg.cpp``, libjpeg-turbo).
+
+This module is the op's Python face: :func:`jpeg_header` (size and decodability from the
+header), :func:`decode_jpeg_window`, its fake kernel, and the fallback for builds without
+libjpeg-turbo and for files it cannot decode that way (PNG and other formats, CMYK JPEGs):
+torchvision's full decode, then a slice (the same pixels, more work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchvision.io import ImageReadMode, decode_image
+
+from torchfeed._extension import C
+from torchfeed.ops._dispatch import read_kernels
+
+__all__ = [
+    "WINDOW_DECODER",
+    "Box",
+    "check_box",
+    "decode_jpeg_window",
+    "decode_whole",
+    "jpeg_header",
+]
+
+Box = tuple[int, int, int, int]
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+# Built with libjpeg-turbo (tests switch it off to check the fallback).
+WINDOW_DECODER = hasattr(C, "jpeg_info")
+
+
+def jpeg_header(data: Tensor) -> tuple[int, int] | None:
+    """(height, width) when the window decoder can decode ``data`` (encoded bytes, a 1-D uint8
+    CPU tensor), else None."""
+    if not WINDOW_DECODER or data.numel() < 4 or bytes(data[:3].tolist()) != _JPEG_MAGIC:
+        return None
+    try:
+        height, width, _, rgb_decodable = C.jpeg_info(data)
+    except RuntimeError:
+        return None  # unreadable header: torchvision's decoder gives the error
+    return (height, width) if rgb_decodable else None
+
+
+def decode_whole(data: Tensor) -> Tensor:
+    """The fallback: torchvision decodes the whole image (RGB)."""
+    return decode_image(data, mode=ImageReadMode.RGB)
+
+
+def check_box(box: Any, height: int, width: int) -> Box:
+    if not isinstance(box, Sequence | Tensor) or len(box) != 4:
+        raise ValueError(f"box must be (top, left, height, width), got {box!r}")
+    top, left, h, w = (int(v) for v in (box.tolist() if isinstance(box, Tensor) else box))
+    if h < 1 or w < 1:
+        raise ValueError(f"box's height and width must be >= 1, got {h} x {w}")
+    if top < 0 or left < 0 or top + h > height or left + w > width:
+        raise ValueError(
+            f"box (top {top}, left {left}, height {h}, width {w}) must lie inside the "
+            f"{height} x {width} image"
+        )
+    return top, left, h, w
+
+
+def decode_jpeg_window(data: Tensor, box: Box) -> Tensor:
+    """``torch.ops.torchfeed.decode_jpeg_window`` on a box already checked against the header:
+    uint8 ``[3, height, width]`` in HWC memory order."""
+    return torch.ops.torchfeed.decode_jpeg_window(data, *box)
+
+
+if WINDOW_DECODER:
+
+    @torch.library.register_fake("torchfeed::decode_jpeg_window")
+    def _decode_jpeg_window_fake(data, top, left, height, width):
+        return data.new_empty((height, width, 3)).permute(2, 0, 1)
+
+
+read_kernels("decode_jpeg_window")

@@ -1,0 +1,430 @@
+"""The pad op: ragged sequences to a padded batch, its mask and its lengths, in one pass.
+
+``torch.ops.torchfeed.pad_list`` / ``pad_packed``: math in ``csrc/ops/pad.h``, checks in
+``csrc/ops/pad_args.h``, kernels in ``csrc/ops/cpu/pad.cpp`` and ``csrc/ops/cuda/pad.cu``; this
+module is their Python face: :class:`PadOptions` (validated once, where they enter), the
+wrappers, the fake kernels and the fallback (:mod:`torchfeed.reference`) for devices without a
+compiled kernel.
+
+The mask comes from the lengths, never from ``tokens != pad_id``: real data contains the pad
+id. The padded length is computed here on the host, where the lengths are known, and passed to
+the op, so the output shape never depends on device data (no sync, no graph break).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from torchfeed import reference
+from torchfeed.ops._dispatch import has_kernel, read_kernels, warn_fallback
+
+__all__ = [
+    "PackedSequences",
+    "PadOptions",
+    "PadValue",
+    "Padded",
+    "Side",
+    "check_host_offsets",
+    "check_pad_value",
+    "check_sequences",
+    "check_side",
+    "pad",
+    "pad_packed",
+    "pad_packed_with",
+    "pad_with",
+    "padded_length",
+]
+
+Side = Literal["right", "left"]
+PadValue = bool | int | float
+
+
+class Padded(NamedTuple):
+    """A padded batch: ``padded`` ``[B, L, *feat]``, ``mask`` ``[B, L]`` bool (True on real
+    elements), ``lengths`` ``[B]`` int64 (after truncation)."""
+
+    padded: Tensor
+    mask: Tensor
+    lengths: Tensor
+
+
+def check_side(name: str, value: str) -> bool:
+    """Validates a ``"right"``/``"left"`` option; returns True for left."""
+    if value not in ("right", "left"):
+        raise ValueError(f"{name} must be 'right' or 'left', got {value!r}")
+    return value == "left"
+
+
+def _check_length_option(name: str, value: int | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_number(name: str, value: object) -> None:
+    if isinstance(value, Tensor) or not isinstance(value, bool | int | float | complex):
+        raise TypeError(f"{name} must be a Python number, got {type(value).__name__}")
+
+
+def check_pad_value(pad_value: PadValue, dtype: torch.dtype, name: str = "pad_value") -> None:
+    """Raises unless ``pad_value`` is exactly representable in ``dtype`` (nothing is rounded,
+    wrapped or overflowed to inf silently)."""
+    _check_number(name, pad_value)
+    if dtype.is_complex:
+        return
+    if isinstance(pad_value, complex):
+        raise ValueError(f"{name}={pad_value!r} is complex but the values are {dtype}")
+    if dtype.is_floating_point:
+        if math.isfinite(pad_value):
+            finfo = torch.finfo(dtype)
+            if not finfo.min <= pad_value <= finfo.max:
+                raise ValueError(
+                    f"{name}={pad_value!r} overflows {dtype} (finite values in "
+                    f"[{finfo.min}, {finfo.max}]; inf and nan are allowed when asked for)"
+                )
+        return
+    if dtype == torch.bool:
+        if pad_value not in (0, 1):
+            raise ValueError(f"{name}={pad_value!r} is not representable in torch.bool")
+        return
+    integral = isinstance(pad_value, bool | int) or (
+        isinstance(pad_value, float) and pad_value.is_integer()
+    )
+    info = torch.iinfo(dtype)
+    if not integral or not info.min <= pad_value <= info.max:
+        raise ValueError(
+            f"{name}={pad_value!r} is not representable in {dtype} "
+            f"(integers in [{info.min}, {info.max}])"
+        )
+
+
+@dataclass(frozen=True)
+class PadOptions:
+    """How ragged sequences are padded, validated once: ``pad_value``, ``padding_side`` (pads
+    after ``"right"`` or before ``"left"`` the real elements), ``pad_to_multiple_of`` (round
+    the padded length up), ``max_length`` (truncate longer sequences) and ``truncation_side``
+    (which end of a long sequence is dropped)."""
+
+    pad_value: PadValue = 0
+    padding_side: Side = "right"
+    pad_to_multiple_of: int | None = None
+    max_length: int | None = None
+    truncation_side: Side = "right"
+
+    def __post_init__(self) -> None:
+        _check_number("pad_value", self.pad_value)
+        check_side("padding_side", self.padding_side)
+        check_side("truncation_side", self.truncation_side)
+        _check_length_option("pad_to_multiple_of", self.pad_to_multiple_of)
+        _check_length_option("max_length", self.max_length)
+
+    @property
+    def left_pad(self) -> bool:
+        return self.padding_side == "left"
+
+    @property
+    def truncate_left(self) -> bool:
+        return self.truncation_side == "left"
+
+    def length(self, lengths: Iterable[int]) -> int:
+        """L for sequences of these lengths (see :func:`padded_length`)."""
+        return padded_length(lengths, self.max_length, self.pad_to_multiple_of)
+
+
+def padded_length(
+    lengths: Iterable[int], max_length: int | None, pad_to_multiple_of: int | None
+) -> int:
+    """L: the longest kept length, rounded up to ``pad_to_multiple_of``."""
+    longest = 0
+    for n in lengths:  # not max(..., default=0): dynamo before torch 2.12 cannot trace it
+        longest = max(longest, n)
+    if max_length is not None:
+        longest = min(longest, max_length)
+    if pad_to_multiple_of is not None:
+        longest = math.ceil(longest / pad_to_multiple_of) * pad_to_multiple_of
+    return longest
+
+
+def check_sequences(sequences: Sequence[Tensor]) -> list[Tensor]:
+    """A non-empty list of tensors ``[n_i, *feat]`` of one dtype and device."""
+    if isinstance(sequences, Tensor):
+        raise TypeError(
+            "sequences must be a list of tensors [n_i, *feat]; for one packed tensor use "
+            "torchfeed.pad_packed(values, offsets) or torchfeed.RaggedBatch"
+        )
+    seqs = list(sequences)
+    if not seqs:
+        raise ValueError("sequences must hold at least one tensor, got an empty list")
+    first = seqs[0]
+    for i, s in enumerate(seqs):
+        if not isinstance(s, Tensor):
+            raise TypeError(f"sequences[{i}] must be a tensor, got {type(s).__name__}")
+        if s.dim() == 0:
+            raise ValueError(f"sequences[{i}] must have at least one dimension, got a 0-d tensor")
+        # The compiled kernels check these too; the reference path would convert silently, and
+        # a meta or fake tensor next to real ones would give uninitialized memory.
+        if s.dtype != first.dtype:
+            raise TypeError(
+                f"sequences[{i}] has dtype {s.dtype} but sequences[0] has {first.dtype} "
+                "(all sequences must share one dtype)"
+            )
+        if s.device != first.device:
+            raise ValueError(
+                f"sequences[{i}] is on {s.device} but sequences[0] is on {first.device} "
+                "(all sequences must share one device)"
+            )
+        if s.shape[1:] != first.shape[1:]:
+            raise ValueError(
+                f"sequences[{i}] has trailing dims {list(s.shape[1:])} but sequences[0] has "
+                f"{list(first.shape[1:])} (only dim 0 may differ)"
+            )
+    return seqs
+
+
+def check_host_offsets(
+    values: Tensor, offsets: Tensor, lengths: Sequence[int] | None
+) -> tuple[int, ...]:
+    """Checks packed ``values`` ``[N, *feat]`` and ``offsets`` ``[B+1]`` int64; returns the
+    offsets on the host: from ``lengths`` when given (no device read), else read back (which
+    synchronizes a CUDA device)."""
+    if not isinstance(values, Tensor):
+        raise TypeError(f"values must be a tensor [N, *feat], got {type(values).__name__}")
+    if not isinstance(offsets, Tensor):
+        raise TypeError(f"offsets must be an int64 tensor [B+1], got {type(offsets).__name__}")
+    if values.dim() < 1:
+        raise ValueError("values must have at least one dimension ([N, *feat]), got 0-d")
+    if offsets.dtype != torch.int64:
+        raise TypeError(f"offsets must be int64, got {offsets.dtype}")
+    if offsets.dim() != 1 or offsets.shape[0] < 1:
+        raise ValueError(
+            f"offsets must be 1-D with B+1 >= 1 entries, got shape {list(offsets.shape)}"
+        )
+    if offsets.device != values.device:
+        raise ValueError(
+            f"offsets must be on the device of values ({values.device}), got {offsets.device}"
+        )
+    if lengths is None:
+        host = offsets.tolist()  # synchronizes a CUDA device: pass lengths to avoid it
+    else:
+        lengths = [int(n) for n in lengths]
+        if len(lengths) != offsets.shape[0] - 1:
+            raise ValueError(
+                f"lengths has {len(lengths)} entries but offsets describes "
+                f"{offsets.shape[0] - 1} sequences"
+            )
+        if any(n < 0 for n in lengths):
+            raise ValueError(f"lengths must be >= 0, got {lengths}")
+        host = [0, *itertools.accumulate(lengths)]
+        if offsets.device.type == "cpu" and offsets.tolist() != host:
+            raise ValueError(f"lengths {lengths} disagree with offsets {offsets.tolist()}")
+    if host[0] != 0:
+        raise ValueError(f"offsets[0] must be 0, got {host[0]}")
+    for i in range(1, len(host)):
+        if host[i] < host[i - 1]:
+            raise ValueError(
+                f"offsets must be non-decreasing, got offsets[{i - 1}]={host[i - 1]} > "
+                f"offsets[{i}]={host[i]}"
+            )
+    if host[-1] != values.shape[0]:
+        raise ValueError(
+            f"offsets[-1] must equal values.shape[0]={values.shape[0]}, got {host[-1]}"
+        )
+    return tuple(host)
+
+
+@runtime_checkable
+class PackedSequences(Protocol):
+    """What :func:`pad` accepts besides a list: packed ``values`` and ``offsets`` with their
+    offsets on the host (:class:`torchfeed.RaggedBatch`)."""
+
+    values: Tensor
+    offsets: Tensor
+
+    @property
+    def host_offsets(self) -> tuple[int, ...]: ...
+
+
+def pad(
+    sequences: Sequence[Tensor] | PackedSequences,
+    *,
+    pad_value: PadValue = 0,
+    padding_side: Side = "right",
+    pad_to_multiple_of: int | None = None,
+    max_length: int | None = None,
+    truncation_side: Side = "right",
+) -> Padded:
+    """Pads a list of tensors ``[n_i, *feat]`` (one dtype, one device, any numeric or bool
+    dtype) to ``[B, L, *feat]`` in one pass (or a :class:`~torchfeed.RaggedBatch`).
+
+    ``L`` is the longest length after truncation to ``max_length``, rounded up to
+    ``pad_to_multiple_of``. ``padding_side`` puts the pads after (``"right"``) or before
+    (``"left"``) the real elements; ``truncation_side`` says which end of a sequence longer than
+    ``max_length`` is dropped.
+    """
+    options = PadOptions(pad_value, padding_side, pad_to_multiple_of, max_length, truncation_side)
+    if isinstance(sequences, PackedSequences):
+        return pad_packed_with(sequences.values, sequences.offsets, sequences.host_offsets, options)
+    return pad_with(check_sequences(sequences), options)
+
+
+def pad_with(seqs: list[Tensor], options: PadOptions) -> Padded:
+    """:func:`pad` of checked sequences (:func:`check_sequences`) with checked options."""
+    check_pad_value(options.pad_value, seqs[0].dtype)
+    length = options.length(s.shape[0] for s in seqs)
+    device_type = seqs[0].device.type
+    max_length = options.max_length
+    if has_kernel("pad_list", device_type):
+        out = torch.ops.torchfeed.pad_list(
+            seqs,
+            length,
+            options.pad_value,
+            options.left_pad,
+            -1 if max_length is None else max_length,
+            options.truncate_left,
+        )
+    else:
+        warn_fallback("pad", device_type, "using the PyTorch reference")
+        out = reference.pad_sequences(
+            seqs, length, options.pad_value, options.left_pad, max_length, options.truncate_left
+        )
+    return Padded(*out)
+
+
+def pad_packed(
+    values: Tensor,
+    offsets: Tensor,
+    *,
+    lengths: Sequence[int] | None = None,
+    pad_value: PadValue = 0,
+    padding_side: Side = "right",
+    pad_to_multiple_of: int | None = None,
+    max_length: int | None = None,
+    truncation_side: Side = "right",
+) -> Padded:
+    """Pads packed ``values`` ``[N, *feat]`` split by ``offsets`` ``[B+1]`` int64 (leading 0,
+    non-decreasing, last equal to N) into ``[B, L, *feat]``; one kernel launch on CUDA.
+
+    ``lengths``: the B lengths on the host, if the caller knows them (a
+    :class:`~torchfeed.RaggedBatch` does). Without them, the offsets are read to the host,
+    which synchronizes a CUDA device.
+    """
+    options = PadOptions(pad_value, padding_side, pad_to_multiple_of, max_length, truncation_side)
+    host_offsets = check_host_offsets(values, offsets, lengths)
+    return pad_packed_with(values, offsets, host_offsets, options)
+
+
+def pad_packed_with(
+    values: Tensor, offsets: Tensor, host_offsets: Sequence[int], options: PadOptions
+) -> Padded:
+    """:func:`pad_packed` with offsets already checked (:func:`check_host_offsets`)."""
+    check_pad_value(options.pad_value, values.dtype)
+    length = options.length(b - a for a, b in itertools.pairwise(host_offsets))
+    device_type = values.device.type
+    max_length = options.max_length
+    if has_kernel("pad_packed", device_type):
+        out = torch.ops.torchfeed.pad_packed(
+            values,
+            offsets,
+            length,
+            options.pad_value,
+            options.left_pad,
+            -1 if max_length is None else max_length,
+            options.truncate_left,
+        )
+    else:
+        warn_fallback("pad_packed", device_type, "using the PyTorch reference")
+        out = reference.pad_packed(
+            values,
+            host_offsets,
+            length,
+            options.pad_value,
+            options.left_pad,
+            max_length,
+            options.truncate_left,
+        )
+    return Padded(*out)
+
+
+@torch.library.register_fake("torchfeed::pad_packed")
+def _pad_packed_fake(
+    values, offsets, length, pad_value=0, left_pad=False, max_length=-1, truncate_left=False
+):
+    batch = offsets.shape[0] - 1
+    return (
+        values.new_empty((batch, length, *values.shape[1:])),
+        values.new_empty((batch, length), dtype=torch.bool),
+        values.new_empty((batch,), dtype=torch.int64),
+    )
+
+
+@torch.library.register_fake("torchfeed::pad_list")
+def _pad_list_fake(
+    sequences, length, pad_value=0, left_pad=False, max_length=-1, truncate_left=False
+):
+    first = sequences[0]
+    batch = len(sequences)
+    return (
+        first.new_empty((batch, length, *first.shape[1:])),
+        first.new_empty((batch, length), dtype=torch.bool),
+        first.new_empty((batch,), dtype=torch.int64),
+    )
+
+
+# --- autograd: the op is a copy, so its backward is the reverse gather --------------------------
+
+
+def _window(n: int, ctx) -> tuple[int, int, int]:
+    max_length = None if ctx.max_length < 0 else ctx.max_length
+    return reference.pad_window(n, ctx.length, max_length, ctx.left_pad, ctx.truncate_left)
+
+
+def _setup_list(ctx, inputs, output) -> None:
+    sequences, ctx.length, _, ctx.left_pad, ctx.max_length, ctx.truncate_left = inputs
+    ctx.lengths = [s.shape[0] for s in sequences]
+    ctx.mark_non_differentiable(output[1], output[2])
+
+
+def _backward_list(ctx, grad, _mask, _lengths):
+    grads = []
+    for b, n in enumerate(ctx.lengths):
+        kept, out_start, src_skip = _window(n, ctx)
+        g = grad.new_zeros((n, *grad.shape[2:]))
+        g[src_skip : src_skip + kept] = grad[b, out_start : out_start + kept]
+        grads.append(g)
+    return grads, None, None, None, None, None
+
+
+def _setup_packed(ctx, inputs, output) -> None:
+    values, offsets, ctx.length, _, ctx.left_pad, ctx.max_length, ctx.truncate_left = inputs
+    ctx.total = values.shape[0]
+    ctx.save_for_backward(offsets)
+    ctx.mark_non_differentiable(output[1], output[2])
+
+
+def _backward_packed(ctx, grad, _mask, _lengths):
+    (offsets,) = ctx.saved_tensors
+    host = offsets.tolist()  # backward only: reads the offsets back (a CUDA sync)
+    g = grad.new_zeros((ctx.total, *grad.shape[2:]))
+    for b, (start, end) in enumerate(itertools.pairwise(host)):
+        kept, out_start, src_skip = _window(end - start, ctx)
+        g[start + src_skip : start + src_skip + kept] = grad[b, out_start : out_start + kept]
+    return g, None, None, None, None, None, None
+
+
+torch.library.register_autograd("torchfeed::pad_list", _backward_list, setup_context=_setup_list)
+torch.library.register_autograd(
+    "torchfeed::pad_packed", _backward_packed, setup_context=_setup_packed
+)
+
+
+read_kernels("pad_list", "pad_packed")

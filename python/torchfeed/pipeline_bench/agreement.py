@@ -1,0 +1,68 @@
+"""The pipelines check each other before they are timed: the same images with the same drawn
+parameters give the same tensors, so a speedup can never come from doing less work."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torchvision.io import ImageReadMode, decode_image, read_file
+
+from torchfeed.io import decode_window
+from torchfeed.pipeline_bench.image_pipelines import MEAN, SIZE, STD, WINDOW_BOUND
+from torchfeed.reference import crop_flip_normalize_torchvision
+from torchfeed.sampling import sample_flips, sample_resized_crop_params
+from torchfeed.transforms import crop_flip_normalize
+
+__all__ = ["check_agreement", "decodable"]
+
+
+def decodable(files: Sequence[Path], count: int) -> list[tuple[Path, torch.Tensor, torch.Tensor]]:
+    """The first ``count`` files that decode: (path, encoded bytes, uint8 image)."""
+    out = []
+    for f in files:
+        encoded = read_file(str(f))
+        try:
+            out.append((f, encoded, decode_image(encoded, mode=ImageReadMode.RGB)))
+        except RuntimeError:
+            continue  # unreadable: the pipelines skip it too
+        if len(out) == count:
+            break
+    return out
+
+
+def check_agreement(files: Sequence[Path], count: int = 8) -> dict[str, float]:
+    """The same images with the same drawn parameters through torchvision (uint8, the
+    baseline's path) and through the fused kernel give the same tensors within 1 level/std, so a
+    speedup can never come from doing less work."""
+    readable = decodable(files, count)
+    images = [image for _, _, image in readable]
+    g = torch.Generator().manual_seed(0)
+    boxes = sample_resized_crop_params([tuple(i.shape[1:]) for i in images], generator=g)
+    flips = sample_flips(len(images), 0.5, g)
+    ours = crop_flip_normalize(images, boxes, flips, SIZE, mean=MEAN, std=STD)
+    theirs = crop_flip_normalize_torchvision(
+        images, boxes.tolist(), flips.tolist(), (SIZE, SIZE), MEAN, STD, float_path=False
+    )
+    diff = float((ours - theirs).abs().max())
+    bound = 1.01 / 255 / min(STD) + 1e-4
+    if diff > bound:
+        raise AssertionError(f"the image pipelines disagree: max |diff| {diff:.5f} > {bound:.5f}")
+    # crop-window decoding: the same boxes decoded alone, then resized whole, give the fused
+    # kernel's result on the full images (the windows' pixels are identical)
+    windows = [decode_window(e, box) for (_, e, _), box in zip(readable, boxes, strict=True)]
+    whole = torch.tensor([[0, 0, w.shape[1], w.shape[2]] for w in windows])
+    from_windows = crop_flip_normalize(windows, whole, flips, SIZE, mean=MEAN, std=STD)
+    window_diff = float((from_windows - ours).abs().max())
+    if window_diff > WINDOW_BOUND:
+        raise AssertionError(
+            f"crop-window decoding disagrees with full decoding: max |diff| {window_diff:.2e}"
+        )
+    return {
+        "images": len(images),
+        "max_abs_diff": diff,
+        "bound": bound,
+        "window_max_abs_diff": window_diff,
+        "window_bound": WINDOW_BOUND,
+    }

@@ -1,0 +1,182 @@
+"""Machine facts, timing statistics and the printed table of ``torchfeed bench``."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision
+
+from torchfeed._extension import build_info
+
+__all__ = [
+    "format_machine",
+    "format_table",
+    "machine_info",
+    "plot",
+    "print_report",
+    "with_speedup",
+]
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    info = build_info()
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch_threads": torch.get_num_threads(),
+        "gpu": info["gpu_name"],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "torchfeed": info["version"],
+        "torchfeed_cuda_kernels": info["cuda_compiled"],
+    }
+
+
+def format_table(rows: Iterable[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+    """A plain-text table; ``columns`` are (key, header) pairs."""
+    rows = list(rows)
+    cells = [[header for _, header in columns]]
+    for row in rows:
+        cells.append([_cell(row.get(key)) for key, _ in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = []
+    for n, r in enumerate(cells):
+        padded = [
+            c.rjust(w) if n and i else c.ljust(w)  # numbers right-aligned, names left
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ]
+        lines.append("  ".join(padded))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value != value:  # nan
+            return "-"
+        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def format_machine(info: dict[str, Any]) -> str:
+    gpu = info["gpu"] or "none"
+    return (
+        f"machine: {info['cpu']} ({info['usable_cpus']} usable CPUs, torch threads "
+        f"{info['torch_threads']}), GPU: {gpu}; python {info['python']}, torch {info['torch']}, "
+        f"torchvision {info['torchvision']}, torchfeed {info['torchfeed']} (CUDA kernels "
+        f"{'compiled' if info['torchfeed_cuda_kernels'] else 'not compiled'})"
+    )
+
+
+def with_speedup(results, baseline: str) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        row = r.row()
+        base = next(b for b in results if b.pipeline == baseline and b.config == r.config)
+        row["speedup"] = r.samples_per_second / base.samples_per_second
+        rows.append(row)
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(
+            "--plot: matplotlib is not installed (pip install matplotlib); no chart written",
+            file=sys.stderr,
+        )
+        return
+    suites = sorted({r["pipeline"].split(":")[0] for r in rows})
+    fig, axes = plt.subplots(
+        len(suites), 1, figsize=(10, 0.45 * len(rows) + 1.5 * len(suites)), squeeze=False
+    )
+    for ax, suite in zip(axes[:, 0], suites, strict=True):
+        part = [r for r in rows if r["pipeline"].split(":")[0] == suite]
+        labels = [f"{r['pipeline'].split(': ', 1)[1]} [{r['config']}]" for r in part]
+        colors = ["#999" if r["speedup"] == 1.0 else "#2a7" for r in part]  # baselines grey
+        ax.barh(range(len(part)), [r["samples_per_s"] for r in part], color=colors)
+        for i, r in enumerate(part):
+            ax.text(r["samples_per_s"], i, f" {r['speedup']:.2f}x", va="center", fontsize=7)
+        ax.set_yticks(range(len(part)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(f"{suite}: samples/s, speedup over the suite's baseline", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def print_report(
+    payload: dict[str, Any],
+    rows: list[dict[str, Any]],
+    columns: Sequence[tuple[str, str]],
+    baselines: Mapping[str, str],
+) -> None:
+    """The tables ``torchfeed bench`` prints: results, where the time goes, the agreement of the
+    pipelines, skipped files, the machine. ``baselines``: suite -> its baseline pipeline."""
+    suites = list(baselines)
+
+    settings = payload["settings"]
+    epochs, batch_size, device = settings["epochs"], settings["batch_size"], settings["device"]
+    print(format_table(rows, columns))
+    print(
+        f"speedup: samples/s over the baseline of its suite with the same config (images: "
+        f"'{baselines.get('images', '-')}'; text: '{baselines.get('text', '-')}'); "
+        f"median of {epochs} epoch(s) after a start-up epoch; batch size {batch_size}; "
+        f"device {device}"
+    )
+    if "images" in suites:
+        print()
+        print(f"where the time goes, ms per batch of {batch_size} (measured one stage at a time):")
+        print(
+            format_table(
+                payload["stages"],
+                [
+                    ("stage", "stage"),
+                    ("baseline_ms", "baseline"),
+                    ("torchfeed_ms", "torchfeed"),
+                    ("zero_copy_ms", "torchfeed zero-copy"),
+                    ("window_ms", "zero-copy + crop-window decode"),
+                ],
+            )
+        )
+        a = payload["agreement"]
+        print(
+            f"pipelines agree: the same {a['images']} images and parameters give outputs within "
+            f"{a['max_abs_diff']:.4f} of each other (bound {a['bound']:.4f}: torchvision rounds "
+            "to uint8 after resizing, torchfeed does not); crop-window decoding gives the "
+            f"full-decode result within {a['window_max_abs_diff']:.1e} (bound "
+            f"{a['window_bound']:.0e})"
+        )
+        if payload["skipped_files"]:
+            print(
+                f"skipped {len(payload['skipped_files'])} unreadable file(s): "
+                + ", ".join(payload["skipped_files"])
+            )
+    print(format_machine(payload["machine"]))
