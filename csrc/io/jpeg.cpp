@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <csetjmp>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 // jpeglib.h needs size_t and FILE declared first.
@@ -35,12 +36,32 @@ struct ErrorManager {
   std::longjmp(err->jump, 1);
 }
 
-// Warnings about corrupt but decodable data are not printed: the image is returned, as
-// torchvision returns it. Running out of data is an error, as in torchvision (libjpeg's memory
-// source would otherwise pad the rest of the image with grey): a file cut short inside or above
-// the window raises; one cut short below it gives the window, whose pixels are all there.
+// Corrupt data is an error, not a warning: libjpeg would go on and return an image with garbage
+// in it (a bad Huffman code, a marker in the middle of the entropy-coded data, data running
+// out); torchvision returns such images when the file's structure is otherwise intact, and
+// rejects many others only when it reads on to the end of the file, which a window decode does
+// not. Refusing every corrupt-data warning means a window is returned only when every row of it
+// decoded cleanly. Other warnings (an unknown JFIF version, say) do not touch the pixels.
+bool corrupt_data(int code) {
+  switch (code) {
+    case JWRN_JPEG_EOF:         // premature end of the file
+    case JWRN_HIT_MARKER:       // premature end of a data segment
+    case JWRN_EXTRANEOUS_DATA:  // bytes before a marker
+    case JWRN_HUFF_BAD_CODE:    // bad Huffman code
+    case JWRN_MUST_RESYNC:      // a marker where a restart marker should be
+    case JWRN_BOGUS_PROGRESSION:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void on_message(j_common_ptr cinfo, int level) {
-  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) {
+  if (level >= 0) return;  // trace messages
+  char text[JMSG_LENGTH_MAX];
+  (*cinfo->err->format_message)(cinfo, text);
+  // The codes above, and any other "Corrupt JPEG data" of this libjpeg (bad arithmetic code...)
+  if (corrupt_data(cinfo->err->msg_code) || std::strncmp(text, "Corrupt JPEG data", 17) == 0) {
     on_error(cinfo);
   }
 }
@@ -168,7 +189,7 @@ JpegInfo jpeg_info(const at::Tensor& data) {
 }
 
 at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t left, int64_t height,
-                                  int64_t width) {
+                                  int64_t width, int64_t max_pixels) {
   const uint8_t* bytes = checked_data(data, "decode_jpeg_window");
   Decoder d;
   TORCH_CHECK(read_header(d, bytes, data.numel()),
@@ -178,10 +199,19 @@ at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t l
   TORCH_CHECK_VALUE(supported(d.cinfo.jpeg_color_space), "decode_jpeg_window: colour space ",
                     static_cast<int>(d.cinfo.jpeg_color_space),
                     " (CMYK/YCCK) cannot be decoded to RGB here; decode the whole image instead");
+  // A decoder allocates for the whole image (a progressive one buffers all its coefficients), so
+  // the bound is on the size the header declares, checked before anything is allocated.
+  TORCH_CHECK_VALUE(max_pixels <= 0 || image_h * image_w <= max_pixels,
+                    "decode_jpeg_window: the JPEG declares ", image_h, " x ", image_w, " = ",
+                    image_h * image_w, " pixels, more than the limit of ", max_pixels,
+                    " (torchfeed.limits.set_max_image_pixels(), or the environment variable "
+                    "TORCHFEED_MAX_IMAGE_PIXELS, changes it)");
   TORCH_CHECK_VALUE(height >= 1 && width >= 1,
                     "decode_jpeg_window: the window's height and width must be >= 1, got ", height,
                     " x ", width);
-  TORCH_CHECK_VALUE(top >= 0 && left >= 0 && top + height <= image_h && left + width <= image_w,
+  // Image sides are < 2^16: compared without adding to top/left, no sum can overflow.
+  TORCH_CHECK_VALUE(top >= 0 && left >= 0 && height <= image_h && width <= image_w &&
+                        top <= image_h - height && left <= image_w - width,
                     "decode_jpeg_window: window (top ", top, ", left ", left, ", height ", height,
                     ", width ", width, ") must lie inside the ", image_h, " x ", image_w, " image");
   // HWC memory, returned as a CHW view: the order torchvision's decoder returns.

@@ -19,9 +19,10 @@ struct JpegInfo {
 JpegInfo jpeg_info(const at::Tensor& data);
 
 // The RGB pixels of rows [top, top + height) and columns [left, left + width): uint8
-// [3, height, width] in HWC memory order.
+// [3, height, width] in HWC memory order. Refuses an image whose header declares more than
+// max_pixels pixels (<= 0: no bound), and corrupt data anywhere in the rows it decodes.
 at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t left, int64_t height,
-                                  int64_t width);
+                                  int64_t width, int64_t max_pixels);
 
 std::string jpeg_library_version();
 

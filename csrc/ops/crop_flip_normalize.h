@@ -188,6 +188,11 @@ struct ChannelAffine {
 TF_HOST_DEVICE TF_INLINE float finish(float v, ChannelAffine a) { return v * a.scale + a.bias; }
 
 constexpr int64_t kMaxChannels = 4;
+// Bounds the argument checks enforce, so that no index or size computed from an image, a box or
+// a grid row can overflow: 2^24 pixels a side for images and outputs (products stay < 2^48),
+// and for the size an image is resized to before a crop.
+constexpr int64_t kMaxImageSide = int64_t{1} << 24;
+constexpr int64_t kMaxVirtualSize = int64_t{1} << 24;
 
 // Where one uint8 image [C, H, W] lives: any strides, so NCHW, NHWC and views all work.
 struct ImageDesc {
@@ -260,6 +265,153 @@ TF_HOST_DEVICE TF_INLINE float horizontal_element(int64_t i, const double* grid,
   for (int64_t j = 0; j < s.count; ++j) acc += normalized_weight(s, j) * row[j];
   *offset = b * p.osb + c * p.osc + y * p.osh + x * p.osw;
   return finish(acc, affine[c]);
+}
+
+// ---- the one-pass kernel: one thread block per output tile --------------------------------------
+//
+// A block computes a tile of `rows` x `cols` outputs of one image, every channel: (1) the tap
+// tables of its rows and columns, once; (2) the vertical pass over the source columns the tile's
+// horizontal taps read, into shared memory; (3) the horizontal pass, flip, normalization and the
+// store. Nothing goes through global memory in between. The sums are the two-pass kernel's and
+// the CPU kernel's, term for term and in the same order, with explicit fused multiply-adds, so
+// the three give the same bits (the CPU's AVX2 path fuses them too). These functions are a
+// block's whole body; the CUDA kernel runs them per thread, the emulation op per block on the
+// CPU.
+
+// Taps of one output row (or column) at most, for a scale (extent / size) and a mode.
+TF_HOST_DEVICE TF_INLINE int64_t taps_bound(double scale, int64_t mode, bool antialias) {
+  if (mode == kNearest) return 1;
+  if (!antialias) return 2;
+  const double support = scale >= 1.0 ? scale : 1.0;
+  return static_cast<int64_t>(2.0 * support) + 3;
+}
+
+// A launch's tile shape and table sizes, chosen on the host for the whole batch.
+struct TilePlan {
+  int64_t rows, cols;      // outputs per tile
+  int64_t max_ky, max_kx;  // taps per output row / column, at most
+  int64_t span;            // source columns one tile's vertical pass covers, at most
+};
+
+// Where a block's tables live in its shared memory (offsets in bytes; floats and ints, 4 bytes).
+struct TileLayout {
+  int64_t y_first, y_count, y_w, x_first, x_count, x_w, v, bytes;
+};
+
+TF_HOST_DEVICE TF_INLINE TileLayout tile_layout(const TilePlan& t, int64_t channels) {
+  TileLayout l;
+  l.y_first = 0;
+  l.y_count = l.y_first + 4 * t.rows;
+  l.y_w = l.y_count + 4 * t.rows;
+  l.x_first = l.y_w + 4 * t.rows * t.max_ky;
+  l.x_count = l.x_first + 4 * t.cols;
+  l.x_w = l.x_count + 4 * t.cols;
+  l.v = l.x_w + 4 * t.cols * t.max_kx;
+  l.bytes = l.v + 4 * t.rows * t.span * channels;
+  return l;
+}
+
+struct TileTables {
+  int32_t *y_first, *y_count, *x_first, *x_count;
+  float *y_w, *x_w, *v;  // v: [rows][span][channels]
+};
+
+TF_HOST_DEVICE TF_INLINE TileTables tile_tables(unsigned char* smem, const TileLayout& l) {
+  return TileTables{reinterpret_cast<int32_t*>(smem + l.y_first),
+                    reinterpret_cast<int32_t*>(smem + l.y_count),
+                    reinterpret_cast<int32_t*>(smem + l.x_first),
+                    reinterpret_cast<int32_t*>(smem + l.x_count),
+                    reinterpret_cast<float*>(smem + l.y_w),
+                    reinterpret_cast<float*>(smem + l.x_w),
+                    reinterpret_cast<float*>(smem + l.v)};
+}
+
+// Step 1, thread t of [0, rows + cols): the taps of tile row t, or of tile column t - rows
+// (flipped). Rows and columns outside the output get no taps.
+TF_HOST_DEVICE TF_INLINE void tile_taps(int64_t t, int64_t y0, int64_t x0, const AxisPlan& py,
+                                        const AxisPlan& px, bool flip, const LaunchShape& p,
+                                        const TilePlan& tp, const TileTables& tt) {
+  const bool is_row = t < tp.rows;
+  const int64_t i = is_row ? t : t - tp.rows;
+  const int64_t o = (is_row ? y0 : x0) + i;
+  const int64_t n = is_row ? p.out_h : p.out_w;
+  int32_t* first = is_row ? tt.y_first : tt.x_first;
+  int32_t* count = is_row ? tt.y_count : tt.x_count;
+  float* w = (is_row ? tt.y_w : tt.x_w) + i * (is_row ? tp.max_ky : tp.max_kx);
+  if (o >= n) {
+    first[i] = is_row ? 0 : first[0];
+    count[i] = 0;
+    return;
+  }
+  const TapSpan s = is_row ? tap_span(py, o, p.mode, p.antialias)
+                           : tap_span(px, flip_index(o, n, flip), p.mode, p.antialias);
+  first[i] = static_cast<int32_t>(s.first);
+  count[i] = static_cast<int32_t>(s.count);
+  for (int64_t j = 0; j < s.count; ++j) w[j] = normalized_weight(s, j);
+}
+
+// The source columns [lo, hi) (relative to the x base) the tile's horizontal taps read: the
+// taps move right as the resampled index grows, so the extremes are two columns' taps.
+TF_HOST_DEVICE TF_INLINE void tile_window(const TileTables& tt, int64_t valid_cols, bool flip,
+                                          int64_t* lo, int64_t* hi) {
+  const int64_t a = flip ? valid_cols - 1 : 0, b = flip ? 0 : valid_cols - 1;
+  *lo = tt.x_first[a];
+  *hi = tt.x_first[b] + tt.x_count[b];
+  if (*hi < *lo) *hi = *lo;
+}
+
+// Step 2, element i of v: row r, window column k, channel c (c fastest when the image's
+// channels are interleaved, so that neighbouring threads read neighbouring bytes). Returns false
+// if a tap falls outside the image or the window outside the plan (never, for checked inputs).
+TF_HOST_DEVICE TF_INLINE bool tile_vertical(int64_t i, const ImageDesc& im, const AxisPlan& py,
+                                            const AxisPlan& px, int64_t x_lo, int64_t x_hi,
+                                            const LaunchShape& p, const TilePlan& tp,
+                                            const TileTables& tt) {
+  const int64_t width = x_hi - x_lo;
+  if (width > tp.span) return false;
+  const int64_t channels = p.channels;
+  int64_t r, k, c;
+  if (im.stride_c < im.stride_w) {  // interleaved (HWC memory): channel fastest
+    c = i % channels;
+    k = (i / channels) % tp.span;
+    r = i / (channels * tp.span);
+  } else {  // planar: column fastest
+    k = i % tp.span;
+    c = (i / tp.span) % channels;
+    r = i / (tp.span * channels);
+  }
+  if (k >= width || tt.y_count[r] == 0) return true;
+  const int64_t col = px.base + x_lo + k;
+  const int64_t row = py.base + tt.y_first[r];
+  if (col < 0 || col >= im.width || row < 0 || row + tt.y_count[r] > im.height) return false;
+  const uint8_t* src = im.data + c * im.stride_c + row * im.stride_h + col * im.stride_w;
+  const float* w = tt.y_w + r * tp.max_ky;
+  float acc = 0.0f;
+  for (int64_t j = 0; j < tt.y_count[r]; ++j) {
+    acc = fmaf(w[j], static_cast<float>(src[j * im.stride_h]), acc);
+  }
+  tt.v[(r * tp.span + k) * channels + c] = acc;
+  return true;
+}
+
+// Step 3, output i of the tile (row i / cols, column i % cols), every channel: the horizontal
+// taps over v, then to_dtype + normalize. Calls store(offset, value) for each channel of an
+// output inside the image.
+template <typename Store>
+TF_HOST_DEVICE TF_INLINE void tile_output(int64_t i, int64_t b, int64_t y0, int64_t x0,
+                                          int64_t x_lo, const ChannelAffine* affine,
+                                          const LaunchShape& p, const TilePlan& tp,
+                                          const TileTables& tt, Store store) {
+  const int64_t r = i / tp.cols, xc = i % tp.cols;
+  const int64_t y = y0 + r, x = x0 + xc;
+  if (y >= p.out_h || x >= p.out_w) return;
+  const float* w = tt.x_w + xc * tp.max_kx;
+  const float* v = tt.v + (r * tp.span + (tt.x_first[xc] - x_lo)) * p.channels;
+  for (int64_t c = 0; c < p.channels; ++c) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < tt.x_count[xc]; ++j) acc = fmaf(w[j], v[j * p.channels + c], acc);
+    store(b * p.osb + c * p.osc + y * p.osh + x * p.osw, fmaf(acc, affine[c].scale, affine[c].bias));
+  }
 }
 
 }  // namespace torchfeed::cfn

@@ -81,7 +81,7 @@ class RaggedImages:
     whole batch) and resampled without reading device memory. Picklable and pinnable.
     """
 
-    __slots__ = ("_offsets", "_shapes", "data", "layout")
+    __slots__ = ("_offsets", "_packed", "_shapes", "data", "layout")
 
     def __init__(
         self, data: Tensor, shapes: Sequence[tuple[int, int, int]], layout: Layout = "CHW"
@@ -106,6 +106,7 @@ class RaggedImages:
         self.layout = layout
         self._shapes = tuple(shapes)
         self._offsets = tuple(offsets)
+        self._packed: Tensor | None = None
 
     @classmethod
     def from_images(cls, images: Sequence[Tensor], layout: Layout = "CHW") -> RaggedImages:
@@ -128,6 +129,7 @@ class RaggedImages:
         out = object.__new__(cls)
         out.data, out.layout, out._shapes = data, layout, tuple(tuple(s) for s in shapes)
         out._offsets = tuple(itertools.accumulate((c * h * w for c, h, w in shapes), initial=0))
+        out._packed = None
         return out
 
     # --- facts, from the host ----------------------------------------------------------------
@@ -172,7 +174,25 @@ class RaggedImages:
         out = object.__new__(RaggedImages)
         (out.data,) = tensors
         out.layout, out._shapes, out._offsets = self.layout, self._shapes, self._offsets
+        out._packed = self._packed
         return out
+
+    def packed_shapes(self) -> Tensor:
+        """``[B, 4]`` int64 on the host: (offset into ``data``, C, H, W) of each image, as the
+        crop op takes a packed batch (made once per batch)."""
+        if self._packed is None:
+            self._packed = torch.tensor(
+                [(o, *s) for o, s in zip(self._offsets, self._shapes, strict=False)],
+                dtype=torch.int64,
+            ).reshape(-1, 4)
+        return self._packed
+
+    def __getstate__(self) -> tuple:
+        return self.data, self.layout, self._shapes, self._offsets
+
+    def __setstate__(self, state: tuple) -> None:
+        self.data, self.layout, self._shapes, self._offsets = state
+        self._packed = None
 
     def to(self, *args, non_blocking: bool = False, **kwargs) -> RaggedImages:
         return self.with_tensors((self.data.to(*args, non_blocking=non_blocking, **kwargs),))

@@ -20,7 +20,6 @@ from torchfeed.ops.crop_flip_normalize import (
     ImageBatch,
     ImageOptions,
     crop_flip_normalize,
-    grid_from_boxes,
     resize_arg,
     resize_center_crop_grid,
     resize_center_crop_normalize,
@@ -49,7 +48,7 @@ __all__ = [
 ]
 
 
-class ImageBatchTransform(v2.Transform):
+class _BatchTransform(v2.Transform):
     """Shared by the batch transforms: splits the input into images and per-image targets, runs
     the fused kernel once for the batch, and applies each image's geometry to its targets.
 
@@ -100,7 +99,12 @@ class ImageBatchTransform(v2.Transform):
         """Transforms a batch of images (into ``out`` if given); returns the output, the drawn
         parameters and the batch as the op saw it."""
         batch = ImageBatch(images, self.options.image_layout)
-        grid, flips, params = self._geometry(batch)
+        if len(batch) == 0:
+            none = torch.empty(0, 4, dtype=torch.int64)
+            params = {"boxes": none, "flips": torch.empty(0, dtype=torch.bool), "grid": none}
+            grid, flips = torch.empty(0, 10, dtype=torch.float64), params["flips"]
+        else:
+            grid, flips, params = self._geometry(batch, batch.sizes())
         out = run(batch, grid, flips, self._out_size(), self.options, out, self._buffer)
         return out, params, batch
 
@@ -167,7 +171,7 @@ def _map_leaves(obj: Any, fn: Callable[[Any], Any]) -> Any:
     return obj
 
 
-class RandomResizedCropFlipNormalize(ImageBatchTransform):
+class RandomResizedCropFlipNormalize(_BatchTransform):
     """torchvision's ``RandomResizedCrop(size, scale, ratio) -> RandomHorizontalFlip(p_flip) ->
     ToDtype(dtype, scale=True) -> Normalize(mean, std)`` for a whole BATCH, with parameters drawn
     per image (torchvision's v2 draws one set for a whole batch tensor), in one fused pass.
@@ -205,17 +209,20 @@ class RandomResizedCropFlipNormalize(ImageBatchTransform):
     def _out_size(self) -> tuple[int, int]:
         return self.size
 
-    def _geometry(self, batch: ImageBatch):
-        boxes = sample_resized_crop_params(batch.sizes, self.scale, self.ratio, self.generator)
+    def _geometry(self, batch: ImageBatch, sizes: Tensor):
+        # C++ draws what sample_resized_crop_params draws, in one call for the batch
+        boxes = torch.ops.torchfeed.sample_resized_crop(
+            sizes, *self.scale, *self.ratio, self.generator
+        )
         flips = sample_flips(len(batch), self.p_flip, self.generator)
-        grid = grid_from_boxes(boxes.to(torch.float64), batch.sizes, self.size)
+        grid = torch.ops.torchfeed.resized_crop_grid(sizes, boxes, *self.size)
         return grid, flips, {"boxes": boxes, "flips": flips}
 
     def _transform_leaf(self, leaf: Any, b: int, params: dict) -> Any:
         return _crop_resize_flip(self, leaf, params["boxes"][b].tolist(), params["flips"][b])
 
 
-def _crop_resize_flip(t: ImageBatchTransform, leaf: Any, box: list[int], flip: Tensor) -> Any:
+def _crop_resize_flip(t: _BatchTransform, leaf: Any, box: list[int], flip: Tensor) -> Any:
     """A target (boxes, mask) through the crop, resize and flip its image got."""
     top, left, height, width = box
     out = TF.resized_crop(
@@ -233,7 +240,7 @@ def _crop_resize_flip(t: ImageBatchTransform, leaf: Any, box: list[int], flip: T
     return TF.horizontal_flip(out) if bool(flip) else out
 
 
-class ResizeFlipNormalize(ImageBatchTransform):
+class ResizeFlipNormalize(_BatchTransform):
     """``Resize((size, size)) -> RandomHorizontalFlip(p_flip) -> ToDtype(dtype, scale=True) ->
     Normalize(mean, std)`` for a whole batch, in one fused pass: each WHOLE image is resized to
     ``size`` (no aspect ratio kept), flipped with probability ``p_flip`` (drawn per image, from
@@ -262,18 +269,18 @@ class ResizeFlipNormalize(ImageBatchTransform):
     def _out_size(self) -> tuple[int, int]:
         return self.size
 
-    def _geometry(self, batch: ImageBatch):
-        sizes = batch.sizes
-        boxes = torch.tensor([[0, 0, h, w] for h, w in sizes], dtype=torch.float64).reshape(-1, 4)
+    def _geometry(self, batch: ImageBatch, sizes: Tensor):
+        boxes = torch.cat([torch.zeros_like(sizes), sizes], dim=1)  # the whole images
         flips = sample_flips(len(batch), self.p_flip, self.generator)
-        return grid_from_boxes(boxes, sizes, self.size), flips, {"flips": flips}
+        grid = torch.ops.torchfeed.resized_crop_grid(sizes, boxes, *self.size)
+        return grid, flips, {"flips": flips}
 
     def _transform_leaf(self, leaf: Any, b: int, params: dict) -> Any:
         h, w = TF.get_size(leaf)
         return _crop_resize_flip(self, leaf, [0, 0, h, w], params["flips"][b])
 
 
-class ResizeCenterCropNormalize(ImageBatchTransform):
+class ResizeCenterCropNormalize(_BatchTransform):
     """The usual evaluation transform, ``Resize(resize) -> CenterCrop(crop) -> ToDtype(scale=True)
     -> Normalize(mean, std)``, for a whole batch in one fused pass: each image becomes one
     resampling of exactly the pixels the crop keeps. Same keyword ``options``, inputs and outputs
@@ -292,8 +299,8 @@ class ResizeCenterCropNormalize(ImageBatchTransform):
     def _out_size(self) -> tuple[int, int]:
         return self.crop
 
-    def _geometry(self, batch: ImageBatch):
-        grid = resize_center_crop_grid(batch.sizes, self.resize, self.crop)
+    def _geometry(self, batch: ImageBatch, sizes: Tensor):
+        grid = resize_center_crop_grid(sizes, self.resize, self.crop)
         flips = torch.zeros(len(batch), dtype=torch.bool)
         return grid, flips, {"grid": grid}
 

@@ -14,13 +14,13 @@ from torchvision.transforms.v2 import functional as TF
 
 import torchfeed
 from torchfeed import RaggedImages, reference
+from torchfeed._output_buffer import OutputBuffer
+from torchfeed.ops.crop_flip_normalize import grid_from_boxes
 from torchfeed.transforms import (
-    OutputBuffer,
     RandomResizedCropFlipNormalize,
     ResizeCenterCropNormalize,
     ResizeFlipNormalize,
     crop_flip_normalize,
-    grid_from_boxes,
     resized_crop_box,
     sample_flips,
     sample_resized_crop_params,

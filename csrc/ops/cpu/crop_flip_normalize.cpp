@@ -182,8 +182,8 @@ void run(const char* op, const std::vector<ImageDesc>& images, int64_t channels,
   const int64_t batch = static_cast<int64_t>(images.size());
   const at::Tensor g = grid.contiguous();
   const at::Tensor f = flips.contiguous();
-  cfn::check_grid_values(op, g.data_ptr<double>(), batch, images);
   const int64_t out_h = out.size(2), out_w = out.size(3);
+  cfn::check_grid_values(op, g.data_ptr<double>(), batch, images, out_h, out_w);
   if (out.numel() == 0) return;
   const std::vector<ChannelAffine> affine = cfn::channel_affine(mean, std);
   const auto out_type = out.scalar_type() == at::kFloat  ? cfn::cpu::OutType::kFloat
@@ -216,8 +216,8 @@ void run(const char* op, const std::vector<ImageDesc>& images, int64_t channels,
 }
 
 void crop_flip_normalize_out_cpu(const at::Tensor& images,  // [B, C, H, W] uint8, any strides
-                                 const at::Tensor& grid,    // [B, 10] float64
-                                 const at::Tensor& flips,   // [B] bool
+                                 const at::Tensor& grid,    // [B, 10] float64, host
+                                 const at::Tensor& flips,   // [B] bool, host
                                  int64_t interpolation, bool antialias, at::ArrayRef<double> mean,
                                  at::ArrayRef<double> std,
                                  at::Tensor& out) {  // [B, C, H_out, W_out] float
@@ -231,11 +231,23 @@ void crop_flip_normalize_list_out_cpu(at::TensorList images,  // B x [C, H_i, W_
                                       const at::Tensor& grid, const at::Tensor& flips,
                                       int64_t interpolation, bool antialias,
                                       at::ArrayRef<double> mean, at::ArrayRef<double> std,
-                                      at::Tensor& out) {
+                                      at::Tensor& out, bool images_hwc) {
   constexpr const char* op = "crop_flip_normalize_list";
   const std::vector<cfn::ImageDesc> descs =
-      cfn::checked_list(op, images, {grid, flips, interpolation, mean, std, out});
-  run(op, descs, images[0].size(0), grid, flips, interpolation, antialias, mean, std, out);
+      cfn::checked_list(op, images, images_hwc, {grid, flips, interpolation, mean, std, out});
+  run(op, descs, out.size(1), grid, flips, interpolation, antialias, mean, std, out);
+}
+
+void crop_flip_normalize_packed_out_cpu(const at::Tensor& data,    // [N] uint8
+                                        const at::Tensor& shapes,  // [B, 4] int64, host
+                                        const at::Tensor& grid, const at::Tensor& flips,
+                                        int64_t interpolation, bool antialias,
+                                        at::ArrayRef<double> mean, at::ArrayRef<double> std,
+                                        at::Tensor& out, bool images_hwc) {
+  constexpr const char* op = "crop_flip_normalize_packed";
+  const std::vector<cfn::ImageDesc> descs = cfn::checked_packed(
+      op, data, shapes, images_hwc, {grid, flips, interpolation, mean, std, out});
+  run(op, descs, out.size(1), grid, flips, interpolation, antialias, mean, std, out);
 }
 
 }  // namespace
@@ -243,6 +255,7 @@ void crop_flip_normalize_list_out_cpu(at::TensorList images,  // B x [C, H_i, W_
 TORCH_LIBRARY_IMPL(torchfeed, CPU, m) {
   m.impl("crop_flip_normalize_out", &crop_flip_normalize_out_cpu);
   m.impl("crop_flip_normalize_list_out", &crop_flip_normalize_list_out_cpu);
+  m.impl("crop_flip_normalize_packed_out", &crop_flip_normalize_packed_out_cpu);
 }
 
 }  // namespace torchfeed

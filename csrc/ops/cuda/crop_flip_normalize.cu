@@ -1,8 +1,14 @@
-// CUDA launcher of the fused crop/flip/resize/normalize op: two launches for the whole batch on
-// the current stream, in the CPU kernel's order: a vertical pass over the uint8 rows into a float
-// scratch buffer, then a horizontal pass that normalizes and writes the output. A thread's whole
-// body is a TF_HOST_DEVICE function of ops/crop_flip_normalize.h (vertical_element,
-// horizontal_element), which the CPU tests also run through the emulation op.
+// CUDA launcher of the fused crop/flip/resize/normalize op. The host checks every argument and
+// every geometry value (ops/crop_flip_normalize_args.h), then sends the batch's image
+// descriptors, geometry and flips to the device in ONE asynchronous copy from page-locked memory
+// and launches, on the current stream, nothing that synchronizes:
+//  - the one-pass kernel (a thread block per output tile, its intermediate in shared memory;
+//    ops/crop_flip_normalize.h: tile_taps, tile_vertical, tile_output), whenever a tile of the
+//    batch's most extreme scale fits in shared memory, which is every realistic case;
+//  - otherwise the two-pass kernel (a vertical pass into a global scratch buffer, then the
+//    horizontal one: vertical_element, horizontal_element), which has no size limit.
+// Both compute the same sums in the same order as the CPU kernel; the CPU tests run both bodies
+// through the emulation op (testing/cuda_emulation.cpp).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -16,6 +22,7 @@
 
 #include "ops/crop_flip_normalize.h"
 #include "ops/crop_flip_normalize_args.h"
+#include "ops/crop_flip_normalize_tiles.h"
 
 namespace torchfeed {
 namespace {
@@ -23,12 +30,50 @@ namespace {
 using cfn::ChannelAffine;
 using cfn::ImageDesc;
 using cfn::LaunchShape;
+using cfn::TilePlan;
 
 constexpr int kThreads = 256;
 
 struct Affines {
   ChannelAffine c[cfn::kMaxChannels];
 };
+
+// ---- the one-pass kernel ------------------------------------------------------------------------
+
+template <typename OutT>
+__global__ void __launch_bounds__(kThreads)
+    one_pass_kernel(const ImageDesc* __restrict__ images, const double* __restrict__ grid,
+                    const bool* __restrict__ flips, OutT* __restrict__ out, Affines affines,
+                    LaunchShape p, TilePlan tp) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const cfn::TileTables tt = cfn::tile_tables(smem, cfn::tile_layout(tp, p.channels));
+  const int64_t b = blockIdx.z;
+  const int64_t y0 = static_cast<int64_t>(blockIdx.y) * tp.rows;
+  const int64_t x0 = static_cast<int64_t>(blockIdx.x) * tp.cols;
+  const double* geom = grid + b * cfn::kGeomPerImage;
+  const cfn::AxisPlan py = cfn::plan_axis(cfn::load_axis(geom));
+  const cfn::AxisPlan px = cfn::plan_axis(cfn::load_axis(geom + cfn::kGeomFields));
+  const bool flip = flips[b];
+  for (int64_t t = threadIdx.x; t < tp.rows + tp.cols; t += blockDim.x) {
+    cfn::tile_taps(t, y0, x0, py, px, flip, p, tp, tt);
+  }
+  __syncthreads();
+  int64_t x_lo, x_hi;
+  cfn::tile_window(tt, std::min<int64_t>(tp.cols, p.out_w - x0), flip, &x_lo, &x_hi);
+  const ImageDesc im = images[b];
+  const int64_t nv = tp.rows * tp.span * p.channels;
+  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+    const bool inside = cfn::tile_vertical(i, im, py, px, x_lo, x_hi, p, tp, tt);
+    CUDA_KERNEL_ASSERT(inside && "crop_flip_normalize: a tap outside the image or the tile");
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < tp.rows * tp.cols; i += blockDim.x) {
+    cfn::tile_output(i, b, y0, x0, x_lo, affines.c, p, tp, tt,
+                     [out](int64_t offset, float v) { out[offset] = static_cast<OutT>(v); });
+  }
+}
+
+// ---- the two-pass fallback ----------------------------------------------------------------------
 
 __global__ void vertical_kernel(const ImageDesc* __restrict__ images,
                                 const double* __restrict__ grid, float* __restrict__ scratch,
@@ -58,66 +103,109 @@ int64_t blocks_for(int64_t total) {
   return std::min<int64_t>((total + kThreads - 1) / kThreads, 1 << 20);
 }
 
-void run(const std::vector<ImageDesc>& descs, const at::Tensor& grid, const at::Tensor& flips,
-         int64_t interpolation, bool antialias, at::ArrayRef<double> mean, at::ArrayRef<double> std,
-         at::Tensor& out) {
+// ---- the launch ---------------------------------------------------------------------------------
+
+void run(const char* op, const std::vector<ImageDesc>& descs, const at::Tensor& grid,
+         const at::Tensor& flips, int64_t interpolation, bool antialias,
+         at::ArrayRef<double> mean, at::ArrayRef<double> std, at::Tensor& out) {
   const int64_t batch = static_cast<int64_t>(descs.size());
+  const at::Tensor g = grid.contiguous();
+  const at::Tensor f = flips.contiguous();
+  cfn::check_grid_values(op, g.data_ptr<double>(), batch, descs, out.size(2), out.size(3));
   if (out.numel() == 0) return;  // no launch for empty work
   c10::cuda::CUDAGuard guard(out.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(out.device().index()).stream();
 
-  // Image descriptors travel in one asynchronous copy from pinned memory. The grid values live
-  // on the device and are not read here (that would synchronize); the Python API validates
-  // them on the host, and the kernels assert that every tap stays inside its image.
+  // Descriptors, geometry and flips in one page-locked buffer, one asynchronous copy (the
+  // caching host allocator keeps the buffer until the copy has finished).
   static_assert(sizeof(ImageDesc) == 6 * sizeof(int64_t), "ImageDesc layout");
-  at::Tensor host = at::empty({batch, 6}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-  std::memcpy(host.data_ptr(), descs.data(), batch * sizeof(ImageDesc));
-  const at::Tensor device_descs = host.to(out.device(), /*non_blocking=*/true);
+  const int64_t desc_bytes = batch * static_cast<int64_t>(sizeof(ImageDesc));
+  const int64_t grid_bytes = batch * cfn::kGeomPerImage * static_cast<int64_t>(sizeof(double));
+  at::Tensor host = at::empty({desc_bytes + grid_bytes + batch},
+                              at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  uint8_t* h = host.data_ptr<uint8_t>();
+  std::memcpy(h, descs.data(), desc_bytes);
+  std::memcpy(h + desc_bytes, g.data_ptr<double>(), grid_bytes);
+  std::memcpy(h + desc_bytes + grid_bytes, f.data_ptr<bool>(), batch);
+  const at::Tensor dev = host.to(out.device(), /*non_blocking=*/true);
+  const uint8_t* d = dev.data_ptr<uint8_t>();
+  const auto* d_descs = reinterpret_cast<const ImageDesc*>(d);
+  const auto* d_grid = reinterpret_cast<const double*>(d + desc_bytes);
+  const auto* d_flips = reinterpret_cast<const bool*>(d + desc_bytes + grid_bytes);
 
   const LaunchShape p = cfn::launch_shape(descs, out, interpolation, antialias);
   Affines affines{};
   const std::vector<ChannelAffine> a = cfn::channel_affine(mean, std);
   std::copy(a.begin(), a.end(), affines.c);
 
-  const at::Tensor g = grid.contiguous();
-  const at::Tensor f = flips.contiguous();
+  int max_smem = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                        out.device().index()));
+  TilePlan tp{};
+  if (cfn::plan_tiles(g.data_ptr<double>(), batch, p, std::min(max_smem, 96 * 1024), &tp)) {
+    const int64_t smem = cfn::tile_layout(tp, p.channels).bytes;
+    const dim3 blocks(static_cast<unsigned>((p.out_w + tp.cols - 1) / tp.cols),
+                      static_cast<unsigned>((p.out_h + tp.rows - 1) / tp.rows),
+                      static_cast<unsigned>(batch));
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, out.scalar_type(), "crop_flip_normalize", [&] {
+          auto kernel = one_pass_kernel<scalar_t>;
+          if (smem > 48 * 1024) {
+            C10_CUDA_CHECK(cudaFuncSetAttribute(
+                kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+          }
+          kernel<<<blocks, kThreads, smem, stream>>>(d_descs, d_grid, d_flips,
+                                                     out.data_ptr<scalar_t>(), affines, p, tp);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
+    return;
+  }
   at::Tensor scratch =
       at::empty({batch, p.channels, p.out_h, p.cols}, out.options().dtype(at::kFloat));
   vertical_kernel<<<blocks_for(scratch.numel()), kThreads, 0, stream>>>(
-      reinterpret_cast<const ImageDesc*>(device_descs.data_ptr<int64_t>()), g.data_ptr<double>(),
-      scratch.data_ptr<float>(), p);
+      d_descs, d_grid, scratch.data_ptr<float>(), p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, out.scalar_type(), "crop_flip_normalize", [&] {
         horizontal_kernel<scalar_t><<<blocks_for(out.numel()), kThreads, 0, stream>>>(
-            g.data_ptr<double>(), f.data_ptr<bool>(), scratch.data_ptr<float>(),
-            out.data_ptr<scalar_t>(), affines, p);
+            d_grid, d_flips, scratch.data_ptr<float>(), out.data_ptr<scalar_t>(), affines, p);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
 }
 
 void crop_flip_normalize_out_cuda(const at::Tensor& images,  // [B, C, H, W] uint8, any strides
-                                  const at::Tensor& grid,    // [B, 10] float64
-                                  const at::Tensor& flips,   // [B] bool
-                                  int64_t interpolation, bool antialias, at::ArrayRef<double> mean,
-                                  at::ArrayRef<double> std,
+                                  const at::Tensor& grid,    // [B, 10] float64, host
+                                  const at::Tensor& flips,   // [B] bool, host
+                                  int64_t interpolation, bool antialias,
+                                  at::ArrayRef<double> mean, at::ArrayRef<double> std,
                                   at::Tensor& out) {  // [B, C, H_out, W_out] float
   constexpr const char* op = "crop_flip_normalize";
-  const std::vector<cfn::ImageDesc> descs =
+  const std::vector<ImageDesc> descs =
       cfn::checked_dense(op, images, {grid, flips, interpolation, mean, std, out});
-  run(descs, grid, flips, interpolation, antialias, mean, std, out);
+  run(op, descs, grid, flips, interpolation, antialias, mean, std, out);
 }
 
 void crop_flip_normalize_list_out_cuda(at::TensorList images,  // B x [C, H_i, W_i] uint8
                                        const at::Tensor& grid, const at::Tensor& flips,
                                        int64_t interpolation, bool antialias,
                                        at::ArrayRef<double> mean, at::ArrayRef<double> std,
-                                       at::Tensor& out) {
+                                       at::Tensor& out, bool images_hwc) {
   constexpr const char* op = "crop_flip_normalize_list";
-  const std::vector<cfn::ImageDesc> descs =
-      cfn::checked_list(op, images, {grid, flips, interpolation, mean, std, out});
-  run(descs, grid, flips, interpolation, antialias, mean, std, out);
+  const std::vector<ImageDesc> descs =
+      cfn::checked_list(op, images, images_hwc, {grid, flips, interpolation, mean, std, out});
+  run(op, descs, grid, flips, interpolation, antialias, mean, std, out);
+}
+
+void crop_flip_normalize_packed_out_cuda(const at::Tensor& data,    // [N] uint8
+                                         const at::Tensor& shapes,  // [B, 4] int64, host
+                                         const at::Tensor& grid, const at::Tensor& flips,
+                                         int64_t interpolation, bool antialias,
+                                         at::ArrayRef<double> mean, at::ArrayRef<double> std,
+                                         at::Tensor& out, bool images_hwc) {
+  constexpr const char* op = "crop_flip_normalize_packed";
+  const std::vector<ImageDesc> descs = cfn::checked_packed(
+      op, data, shapes, images_hwc, {grid, flips, interpolation, mean, std, out});
+  run(op, descs, grid, flips, interpolation, antialias, mean, std, out);
 }
 
 }  // namespace
@@ -125,6 +213,7 @@ void crop_flip_normalize_list_out_cuda(at::TensorList images,  // B x [C, H_i, W
 TORCH_LIBRARY_IMPL(torchfeed, CUDA, m) {
   m.impl("crop_flip_normalize_out", &crop_flip_normalize_out_cuda);
   m.impl("crop_flip_normalize_list_out", &crop_flip_normalize_list_out_cuda);
+  m.impl("crop_flip_normalize_packed_out", &crop_flip_normalize_packed_out_cuda);
 }
 
 }  // namespace torchfeed

@@ -26,19 +26,19 @@ from typing import Any
 import torch
 from torch import Tensor
 from torchvision.transforms.v2 import InterpolationMode
-from torchvision.transforms.v2 import functional as TF
 
 from torchfeed._output_buffer import OutputBuffer
 from torchfeed.images import Layout, RaggedImages, check_layout
 from torchfeed.ops._dispatch import has_kernel, read_kernels, warn_fallback
+from torchfeed.ops._image_batch import ImageBatch, check_flips, host_parameter
 
 __all__ = [
     "ImageBatch",
     "ImageOptions",
-    "check_boxes",
     "check_flips",
     "crop_flip_normalize",
     "grid_from_boxes",
+    "host_parameter",
     "resize_arg",
     "resize_center_crop_grid",
     "resize_center_crop_normalize",
@@ -53,7 +53,11 @@ _INTERPOLATION = {
     InterpolationMode.BILINEAR: 1,
 }
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_KERNEL_OPS = ("crop_flip_normalize_out", "crop_flip_normalize_list_out")
+_KERNEL_OPS = (
+    "crop_flip_normalize_out",
+    "crop_flip_normalize_list_out",
+    "crop_flip_normalize_packed_out",
+)
 
 
 # --- options --------------------------------------------------------------------------------------
@@ -166,169 +170,27 @@ class ImageOptions:
         return torch.channels_last if self.channels_last else torch.contiguous_format
 
 
-# --- the batch and its geometry ------------------------------------------------------------------
-
-
-class ImageBatch:
-    """The images of a batch as the ops take them: a dense [B, C, H, W] uint8 tensor (any
-    strides) or a list of [C, H_i, W_i] views."""
-
-    def __init__(self, images: Any, image_layout: Layout) -> None:
-        check_layout(image_layout)
-        self.dense: Tensor | None = None
-        self.list: list[Tensor] | None = None
-        if isinstance(images, RaggedImages):
-            self.list = images.images()
-        elif isinstance(images, Tensor):
-            if images.dim() != 4:
-                raise ValueError(
-                    f"images must be a [B, C, H, W] batch ([B, H, W, C] with image_layout='HWC'), "
-                    f"a list of images or RaggedImages, got a tensor of shape {list(images.shape)}"
-                )
-            self.dense = images.as_subclass(Tensor)
-            if image_layout == "HWC":
-                self.dense = self.dense.permute(0, 3, 1, 2)
-        elif isinstance(images, Sequence) and not isinstance(images, str):
-            views = []
-            for i, im in enumerate(images):
-                if not isinstance(im, Tensor):
-                    raise TypeError(f"images[{i}] must be a tensor, got {type(im).__name__}")
-                if im.dim() != 3:
-                    raise ValueError(f"images[{i}] must be 3-D, got shape {list(im.shape)}")
-                im = im.as_subclass(Tensor)
-                views.append(im.permute(2, 0, 1) if image_layout == "HWC" else im)
-            self.list = views
-        else:
-            raise TypeError(
-                "images must be a uint8 tensor batch, a list of uint8 images or RaggedImages, "
-                f"got {type(images).__name__}"
-            )
-        tensors = [self.dense] if self.dense is not None else self.list
-        if not tensors and self.list is not None:
-            self.device = torch.device("cpu")
-            self.channels = 0
-            self.sizes = []
-            return
-        for i, t in enumerate(tensors):
-            if t.dtype != torch.uint8:
-                where = "images" if self.dense is not None else f"images[{i}]"
-                raise TypeError(f"{where} must be uint8, got {t.dtype}")
-        self.device = tensors[0].device
-        if self.dense is not None:
-            self.channels = self.dense.shape[1]
-            self.sizes = [tuple(self.dense.shape[2:])] * self.dense.shape[0]
-        else:
-            self.channels = self.list[0].shape[0]
-            self.sizes = [tuple(t.shape[1:]) for t in self.list]
-            for i, t in enumerate(self.list):
-                if t.shape[0] != self.channels:
-                    raise ValueError(
-                        f"images[{i}] has {t.shape[0]} channels but images[0] has {self.channels}"
-                    )
-                if t.device != self.device:
-                    raise ValueError(
-                        f"images[{i}] is on {t.device} but images[0] is on {self.device}"
-                    )
-        if not 1 <= self.channels <= 4:
-            raise ValueError(f"images must have 1 to 4 channels, got {self.channels}")
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-
-def check_boxes(boxes: Any, sizes: Sequence[tuple[int, int]], device: torch.device) -> Tensor:
-    """Boxes (top, left, height, width) per image as a float64 CPU tensor, each inside its
-    image with a positive size."""
-    if isinstance(boxes, Tensor):
-        if boxes.device != device:
-            raise ValueError(f"boxes are on {boxes.device} but the images are on {device}")
-        boxes = boxes.detach().to("cpu", torch.float64)
-    else:
-        boxes = torch.as_tensor(boxes, dtype=torch.float64)
-    if boxes.shape != (len(sizes), 4):
-        raise ValueError(
-            f"boxes must have shape [{len(sizes)}, 4] (top, left, height, width per image), got "
-            f"{list(boxes.shape)}"
-        )
-    if len(sizes):
-        hw = torch.tensor(sizes, dtype=torch.float64)
-        top, left, height, width = boxes.unbind(1)
-        bad = (
-            ~torch.isfinite(boxes).all(1)
-            | (height <= 0)
-            | (width <= 0)
-            | (top < 0)
-            | (left < 0)
-            | (top + height > hw[:, 0])
-            | (left + width > hw[:, 1])
-        )
-        if bool(bad.any()):
-            b = int(bad.nonzero()[0])
-            raise ValueError(
-                f"boxes[{b}] = {boxes[b].tolist()} (top, left, height, width) must have a positive "
-                f"size and lie inside image {b} of size (H, W) = {tuple(sizes[b])}"
-            )
-    return boxes
-
-
-def check_flips(flips: Any, batch: int, device: torch.device) -> Tensor:
-    if flips is None:
-        return torch.zeros(batch, dtype=torch.bool)
-    if isinstance(flips, Tensor):
-        if flips.device != device:
-            raise ValueError(f"flips are on {flips.device} but the images are on {device}")
-        flips = flips.detach().cpu()
-    else:
-        flips = torch.as_tensor(flips)
-    if flips.dtype != torch.bool:
-        raise TypeError(f"flips must be bool, got {flips.dtype}")
-    if flips.shape != (batch,):
-        raise ValueError(f"flips must have shape [{batch}], got {list(flips.shape)}")
-    return flips
-
-
 def grid_from_boxes(
-    boxes: Tensor, sizes: Sequence[tuple[int, int]], out_size: tuple[int, int]
+    boxes: Tensor | Sequence[Sequence[float]],
+    sizes: Tensor | Sequence[Sequence[int]],
+    out_size: tuple[int, int],
 ) -> Tensor:
-    """Crop-then-resize geometry (``csrc/ops/crop_flip_normalize.h``, AxisGeom): taps stay
-    inside each box, as in torchvision's resized_crop."""
-    top, left, height, width = boxes.unbind(1)
-    hw = torch.tensor(sizes, dtype=torch.float64).reshape(-1, 2)
-    zeros = torch.zeros_like(top)
-    y = [
-        top,
-        height,
-        torch.full_like(top, out_size[0]),
-        zeros,
-        torch.minimum((top + height).ceil(), hw[:, 0]),
-    ]
-    x = [
-        left,
-        width,
-        torch.full_like(top, out_size[1]),
-        zeros,
-        torch.minimum((left + width).ceil(), hw[:, 1]),
-    ]
-    return torch.stack(y + x, dim=1)
+    """The ``grid`` the op takes for crop-then-resize (RandomResizedCrop): ``boxes`` ``[B, 4]``
+    (top, left, height, width), each inside its image of ``sizes`` (H, W)."""
+    if not isinstance(sizes, Tensor):
+        sizes = torch.tensor([[int(v) for v in s] for s in sizes], dtype=torch.int64)
+    return torch.ops.torchfeed.resized_crop_grid(
+        sizes.reshape(-1, 2), torch.as_tensor(boxes), *out_size
+    )
 
 
 def resize_center_crop_grid(
-    sizes: Sequence[tuple[int, int]], resize: int | tuple[int, int], crop: tuple[int, int]
+    sizes: Tensor, resize: int | Sequence[int], crop: tuple[int, int]
 ) -> Tensor:
-    """Resize-then-crop geometry: torchvision's ``resize(size)`` (an int resizes the shorter side,
-    keeping the aspect ratio) followed by ``center_crop(crop)``; taps may read the whole image,
-    exactly as the resize does before the crop."""
-    rows = []
-    for h, w in sizes:
-        new_h, new_w = TF._geometry._compute_resized_output_size((h, w), size=resize)
-        if crop[0] > new_h or crop[1] > new_w:
-            raise ValueError(
-                f"crop {crop} is larger than image ({h}, {w}) resized to ({new_h}, {new_w})"
-            )
-        top = round((new_h - crop[0]) / 2.0)  # torchvision: int(round(...))
-        left = round((new_w - crop[1]) / 2.0)
-        rows.append([0.0, h, new_h, top, h, 0.0, w, new_w, left, w])
-    return torch.tensor(rows, dtype=torch.float64).reshape(-1, 10)
+    """Resize-then-crop geometry ``[B, 10]``: torchvision's ``resize(size)`` (an int resizes the
+    shorter side, keeping the aspect ratio) then ``center_crop(crop)``."""
+    rh, rw = (resize, -1) if isinstance(resize, int) else resize
+    return torch.ops.torchfeed.resize_center_crop_grid(sizes, rh, rw, crop[0], crop[1])
 
 
 # --- running the op -------------------------------------------------------------------------------
@@ -343,9 +205,9 @@ def run(
     out: Tensor | None = None,
     buffer: OutputBuffer | None = None,
 ) -> Tensor:
-    """Runs the op on a checked batch with its geometry (``grid`` ``[B, 10]`` float64 and
-    ``flips`` ``[B]`` bool, on the host), into ``out`` (checked here) or a new (or ``buffer``'s
-    reused) output."""
+    """Runs the op on a batch with its geometry (``grid`` ``[B, 10]`` float64 and ``flips``
+    ``[B]`` bool, on the host), into ``out`` (checked here) or a new (or ``buffer``'s reused)
+    output."""
     channels = batch.channels or len(options.mean)
     mean, std = options.per_channel(channels)
     shape = (len(batch), channels, *out_size)
@@ -357,49 +219,49 @@ def run(
             out = torch.empty(
                 shape, dtype=options.dtype, device=device, memory_format=options.memory_format
             )
-    else:
-        if not isinstance(out, Tensor):
-            raise TypeError(f"out must be a tensor, got {type(out).__name__}")
-        if tuple(out.shape) != shape or out.dtype not in _OUT_DTYPES or out.device != device:
-            raise ValueError(
-                f"out must be a float32/float16/bfloat16 tensor of shape {list(shape)} on "
-                f"{device}, got {out.dtype} {list(out.shape)} on {out.device}"
-            )
+    elif (
+        not isinstance(out, Tensor)
+        or tuple(out.shape) != shape
+        or out.dtype not in _OUT_DTYPES
+        or out.device != device
+    ):
+        got = (
+            f"{out.dtype} {list(out.shape)} on {out.device}"
+            if isinstance(out, Tensor)
+            else type(out).__name__
+        )
+        raise ValueError(
+            f"out must be a float32/float16/bfloat16 tensor of shape {list(shape)} on {device}, "
+            f"got {got}"
+        )
     if len(batch) == 0:
         return out
-    if not all(has_kernel(op, device.type) for op in _KERNEL_OPS):
-        return _run_on_cpu(batch, grid, flips, options.mode, options.antialias, mean, std, out)
-    grid = grid.to(device, non_blocking=True)
-    flips = flips.to(device, non_blocking=True)
-    if batch.dense is not None:
-        torch.ops.torchfeed.crop_flip_normalize_out(
-            batch.dense, grid, flips, options.mode, options.antialias, mean, std, out
-        )
-    else:
-        torch.ops.torchfeed.crop_flip_normalize_list_out(
-            batch.list, grid, flips, options.mode, options.antialias, mean, std, out
-        )
-    return out
-
-
-def _run_on_cpu(batch, grid, flips, mode, antialias, mean, std, out) -> Tensor:
-    """Devices without a compiled kernel (MPS, ...): the CPU kernel, then one copy back."""
+    if has_kernel("crop_flip_normalize_out", device.type):
+        _launch(batch, grid, flips, options.mode, options.antialias, mean, std, out)
+        return out
     warn_fallback(
-        "crop_flip_normalize",
-        batch.device.type,
-        "computing on the CPU and copying the result back",
+        "crop_flip_normalize", device.type, "computing on the CPU and copying the result back"
     )
     cpu_out = torch.empty_like(out, device="cpu")
+    _launch(batch, grid, flips, options.mode, options.antialias, mean, std, cpu_out, cpu=True)
+    return out.copy_(cpu_out)
+
+
+def _launch(batch, grid, flips, mode, antialias, mean, std, out, cpu: bool = False) -> None:
+    ops = torch.ops.torchfeed
     if batch.dense is not None:
-        torch.ops.torchfeed.crop_flip_normalize_out(
-            batch.dense.cpu(), grid, flips, mode, antialias, mean, std, cpu_out
+        dense = batch.dense.cpu() if cpu else batch.dense
+        ops.crop_flip_normalize_out(dense, grid, flips, mode, antialias, mean, std, out)
+    elif batch.packed is not None:
+        data = batch.packed.cpu() if cpu else batch.packed
+        ops.crop_flip_normalize_packed_out(
+            data, batch.shapes, grid, flips, mode, antialias, mean, std, out, batch.hwc
         )
     else:
-        torch.ops.torchfeed.crop_flip_normalize_list_out(
-            [t.cpu() for t in batch.list], grid, flips, mode, antialias, mean, std, cpu_out
+        images = [t.cpu() for t in batch.images] if cpu else batch.images
+        ops.crop_flip_normalize_list_out(
+            images, grid, flips, mode, antialias, mean, std, out, batch.hwc
         )
-    out.copy_(cpu_out)
-    return out
 
 
 # --- the functional API ---------------------------------------------------------------------------
@@ -428,17 +290,24 @@ def crop_flip_normalize(
 
     ``images``: a uint8 ``[B, C, H, W]`` tensor (``[B, H, W, C]`` with ``image_layout="HWC"``),
     a list of images of any sizes (``[C, H, W]``, or ``[H, W, C]``), or :class:`RaggedImages`;
-    C is 1 to 4. ``boxes`` and ``flips``: host tensors or lists are best; CUDA tensors are read
-    back to check them, which synchronizes the device (the transforms draw them on the host and
-    never do). Returns ``[B, C, size[0], size[1]]`` of ``dtype`` (float32/16, bfloat16),
-    channels_last if asked, or writes into ``out`` and returns it.
+    C is 1 to 4. ``boxes`` and ``flips``: lists or host tensors, the fast way (the geometry is
+    planned and checked on the host and sent with the launch; nothing synchronizes the device).
+    Tensors on the images' device are accepted too, but reading them back costs a device
+    synchronization per call (the transforms draw on the host and never do).
+
+    Returns ``[B, C, size[0], size[1]]`` of ``dtype`` (float32/16, bfloat16), channels_last if
+    asked, or writes into ``out`` and returns it.
     """
     options = ImageOptions(mean, std, interpolation, antialias, dtype, channels_last, image_layout)
     batch = ImageBatch(images, image_layout)
     out_size = size_pair(size)
-    boxes = check_boxes(boxes, batch.sizes, batch.device)
+    boxes = host_parameter(boxes, "boxes", batch.device, torch.float64)
     flips = check_flips(flips, len(batch), batch.device)
-    grid = grid_from_boxes(boxes, batch.sizes, out_size)
+    if len(batch) == 0:
+        if boxes.numel() != 0:
+            raise ValueError(f"boxes must have shape [0, 4] for no images, got {list(boxes.shape)}")
+        return run(batch, boxes.reshape(0, 10), flips, out_size, options, out)
+    grid = torch.ops.torchfeed.resized_crop_grid(batch.sizes(), boxes, *out_size)
     return run(batch, grid, flips, out_size, options, out)
 
 
@@ -462,8 +331,11 @@ def resize_center_crop_normalize(
     options = ImageOptions(mean, std, interpolation, antialias, dtype, channels_last, image_layout)
     batch = ImageBatch(images, image_layout)
     crop_size = size_pair(crop, "crop")
-    grid = resize_center_crop_grid(batch.sizes, resize_arg(resize), crop_size)
+    resize = resize_arg(resize)
     flips = torch.zeros(len(batch), dtype=torch.bool)
+    if len(batch) == 0:
+        return run(batch, torch.empty(0, 10, dtype=torch.float64), flips, crop_size, options, out)
+    grid = resize_center_crop_grid(batch.sizes(), resize, crop_size)
     return run(batch, grid, flips, crop_size, options, out)
 
 
@@ -474,9 +346,36 @@ def _crop_flip_normalize_out_fake(images, grid, flips, interpolation, antialias,
 
 @torch.library.register_fake("torchfeed::crop_flip_normalize_list_out")
 def _crop_flip_normalize_list_out_fake(
-    images, grid, flips, interpolation, antialias, mean, std, out
+    images, grid, flips, interpolation, antialias, mean, std, out, images_hwc=False
 ):
     return None
+
+
+@torch.library.register_fake("torchfeed::crop_flip_normalize_packed_out")
+def _crop_flip_normalize_packed_out_fake(
+    data, shapes, grid, flips, interpolation, antialias, mean, std, out, images_hwc=False
+):
+    return None
+
+
+@torch.library.register_fake("torchfeed::image_sizes")
+def _image_sizes_fake(images, images_hwc=False):
+    return torch.empty(len(images), 2, dtype=torch.int64, device="cpu")
+
+
+@torch.library.register_fake("torchfeed::resized_crop_grid")
+def _resized_crop_grid_fake(sizes, boxes, out_h, out_w):
+    return sizes.new_empty((sizes.shape[0], 10), dtype=torch.float64)
+
+
+@torch.library.register_fake("torchfeed::resize_center_crop_grid")
+def _resize_center_crop_grid_fake(sizes, resize_h, resize_w, crop_h, crop_w):
+    return sizes.new_empty((sizes.shape[0], 10), dtype=torch.float64)
+
+
+@torch.library.register_fake("torchfeed::sample_resized_crop")
+def _sample_resized_crop_fake(sizes, scale_lo, scale_hi, ratio_lo, ratio_hi, generator=None):
+    return sizes.new_empty((sizes.shape[0], 4), dtype=torch.int64)
 
 
 read_kernels(*_KERNEL_OPS)
