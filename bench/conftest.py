@@ -3,7 +3,9 @@
 Each benchmark sets ``benchmark.extra_info["role"]`` to "torchfeed", "baseline" or "floor" and
 shares a group with the cases it is compared to; the summary below prints, per group, how many
 times faster torchfeed's median is than each baseline's (and what fraction of the floor it
-reaches). Run with ``make bench-pytest``.
+reaches). An "overhead" case is reported as a share of the group's "work" case; a case with
+``extra_info["images"]`` as images/s (with ``hbm_bytes``, also as a share of an H200's HBM
+bandwidth, 4.3 TB/s). Run with ``make bench-pytest``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                     f"{mine.stats.median * 1e6:10.1f} us vs {other.stats.median * 1e6:10.1f} us  "
                     f"-> {ratio:5.2f}x"
                 )
+        works = [b for b in benches if b.extra_info.get("role") == "work"]
+        for over in (b for b in benches if b.extra_info.get("role") == "overhead"):
+            for work in works:
+                share = over.stats.median / work.stats.median
+                lines.append(
+                    f"{group:<34} {over.name:<44} is {share:6.2%} of {work.name:<44} "
+                    f"({over.stats.median * 1e6:.1f} us vs {work.stats.median * 1e6:.1f} us)"
+                )
+        for b in benches:
+            if "images" in b.extra_info:
+                rate = b.extra_info["images"] / b.stats.median
+                extra = ""
+                if "hbm_bytes" in b.extra_info:
+                    gbps = b.extra_info["hbm_bytes"] / b.stats.median / 1e9
+                    extra = f", the floor's traffic at {gbps:8.1f} GB/s = {gbps / 4300:6.1%} of HBM"
+                lines.append(f"{group:<34} {b.name:<44} {rate:12,.0f} images/s{extra}")
     if lines:
         terminalreporter.write_sep("=", "torchfeed vs baselines (median ratio, same session)")
         for line in lines:

@@ -210,6 +210,9 @@ struct LaunchShape {
   int64_t osb, osc, osh, osw;  // output strides
 };
 
+// The CUDA kernels' sums use explicit fused multiply-adds (what nvcc would contract them to
+// anyway), so the emulation op computes the GPU's bits exactly on any host.
+//
 // One thread of the vertical pass. Element i of the scratch [B, C, out_h, cols]: row y of image
 // b, column k holds the vertically resampled source column x_base + x_lo + k, [x_lo, x_hi)
 // being the columns the horizontal taps read. Returns false if a tap falls outside the image.
@@ -239,7 +242,7 @@ TF_HOST_DEVICE TF_INLINE bool vertical_element(int64_t i, const ImageDesc* image
       im.data + c * im.stride_c + (py.base + s.first) * im.stride_h + col * im.stride_w;
   float acc = 0.0f;
   for (int64_t j = 0; j < s.count; ++j) {
-    acc += normalized_weight(s, j) * static_cast<float>(src[j * im.stride_h]);
+    acc = fmaf(normalized_weight(s, j), static_cast<float>(src[j * im.stride_h]), acc);
   }
   scratch[i] = acc;
   return true;
@@ -262,9 +265,9 @@ TF_HOST_DEVICE TF_INLINE float horizontal_element(int64_t i, const double* grid,
   const TapSpan s = tap_span(px, flip_index(x, p.out_w, flips[b]), p.mode, p.antialias);
   const float* row = scratch + ((b * p.channels + c) * p.out_h + y) * p.cols + (s.first - x_lo);
   float acc = 0.0f;
-  for (int64_t j = 0; j < s.count; ++j) acc += normalized_weight(s, j) * row[j];
+  for (int64_t j = 0; j < s.count; ++j) acc = fmaf(normalized_weight(s, j), row[j], acc);
   *offset = b * p.osb + c * p.osc + y * p.osh + x * p.osw;
-  return finish(acc, affine[c]);
+  return fmaf(acc, affine[c].scale, affine[c].bias);
 }
 
 // ---- the one-pass kernel: one thread block per output tile --------------------------------------

@@ -1,78 +1,26 @@
-"""crop_flip_normalize / resize_center_crop_normalize, the parameter sampler and the batch
-transforms, against torchvision's functional ops and an independent float64 reference."""
+"""crop_flip_normalize / resize_center_crop_normalize and the raw ops, against torchvision's
+functional ops and an independent float64 reference; the CUDA kernels' bodies emulated."""
 
 from __future__ import annotations
 
-import math
-import pickle
-
 import pytest
 import torch
-from torchvision import tv_tensors
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 import torchfeed
 from torchfeed import RaggedImages, reference
-from torchfeed._output_buffer import OutputBuffer
 from torchfeed.ops.crop_flip_normalize import grid_from_boxes
 from torchfeed.transforms import (
     RandomResizedCropFlipNormalize,
     ResizeCenterCropNormalize,
-    ResizeFlipNormalize,
-    crop_flip_normalize,
-    resized_crop_box,
     sample_flips,
     sample_resized_crop_params,
 )
 
-from helpers import DEVICES
-
-MEAN = [0.485, 0.456, 0.406]
-STD = [0.229, 0.224, 0.225]
-MODES = [("bilinear", True), ("bilinear", False), ("nearest", False)]
-
-
-@pytest.fixture(params=["avx2", "baseline"])
-def isa(request):
-    """Runs a test with each instruction set of the CPU kernel (where the machine has it)."""
-    before = torchfeed._C.cpu_isa()
-    now = torchfeed._C._testing.limit_cpu_isa(request.param)
-    if now != request.param:
-        torchfeed._C._testing.limit_cpu_isa(before)
-        pytest.skip(f"this CPU has no {request.param}")
-    yield now
-    torchfeed._C._testing.limit_cpu_isa("avx2")
-
-
-def images_of(sizes, channels=3, seed=0, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    return [
-        torch.randint(0, 256, (channels, h, w), generator=g, dtype=torch.uint8).to(device)
-        for h, w in sizes
-    ]
-
-
-def boxes_cases():
-    """(sizes, boxes, out size): down- and upscaling, every border, 1x1 and 1xN crops, odd
-    sizes, the whole image."""
-    sizes = [(57, 83), (40, 31), (9, 7), (64, 64), (33, 100), (5, 120)]
-    boxes = [
-        (0, 0, 57, 83),  # whole image, downscale
-        (39, 30, 1, 1),  # 1x1 crop in the bottom-right corner, upscale
-        (0, 2, 9, 5),  # touches top and bottom
-        (10, 0, 54, 64),  # touches left, bottom, right
-        (32, 1, 1, 99),  # a 1xN crop at the bottom border
-        (0, 100, 5, 20),  # touches top, right, bottom
-    ]
-    return sizes, boxes
-
-
-def tv_float(images, boxes, flips, size, interpolation, antialias):
-    return reference.crop_flip_normalize_torchvision(
-        images, boxes, flips, size, MEAN, STD, interpolation, antialias
-    )
-
+from image_cases import MEAN, MODES, STD, boxes_cases, images_of, tv_float
 
 # --- parity -------------------------------------------------------------------------------------
 
@@ -318,274 +266,6 @@ def test_resize_center_crop_errors():
         torchfeed.resize_center_crop_normalize(images_of([(64, 64)]), 0, 3, mean=MEAN, std=STD)
 
 
-# --- random parameters ----------------------------------------------------------------------------
-
-
-def ks_statistic(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Two-sample Kolmogorov-Smirnov statistic."""
-    a, b = a.double().sort().values, b.double().sort().values
-    grid = torch.cat([a, b]).sort().values
-    fa = torch.searchsorted(a, grid, right=True).double() / len(a)
-    fb = torch.searchsorted(b, grid, right=True).double() / len(b)
-    return (fa - fb).abs().max().item()
-
-
-@pytest.mark.parametrize("size", [(375, 500), (500, 281), (224, 224)])
-def test_sampler_matches_torchvision_distribution(size):
-    n = 4000
-    ours = sample_resized_crop_params([size] * n, generator=torch.Generator().manual_seed(0))
-    torch.manual_seed(1)
-    rrc = v2.RandomResizedCrop(224)
-    image = torch.empty(3, *size, dtype=torch.uint8)
-    theirs = torch.tensor([list(rrc.make_params([image]).values()) for _ in range(n)])
-    area = size[0] * size[1]
-    critical = 1.95 * math.sqrt(2 / n)  # alpha = 0.001
-    for name, fn in [
-        ("area fraction", lambda p: p[:, 2] * p[:, 3] / area),
-        ("log aspect ratio", lambda p: torch.log(p[:, 3].double() / p[:, 2])),
-        ("top", lambda p: p[:, 0].double()),
-        ("left", lambda p: p[:, 1].double()),
-    ]:
-        d = ks_statistic(fn(ours), fn(theirs))
-        assert d < critical, f"{name}: KS statistic {d:.4f} >= {critical:.4f}"
-
-
-def test_sampler_boxes_fit_and_reproduce():
-    sizes = [(375, 500), (10, 400), (1, 1), (600, 30)]
-    a = sample_resized_crop_params(sizes * 100, generator=torch.Generator().manual_seed(3))
-    b = sample_resized_crop_params(sizes * 100, generator=torch.Generator().manual_seed(3))
-    assert torch.equal(a, b) and a.dtype == torch.int64
-    hw = torch.tensor(sizes * 100)
-    assert bool((a[:, 2:] > 0).all())
-    assert bool((a[:, 0] + a[:, 2] <= hw[:, 0]).all() and (a[:, 1] + a[:, 3] <= hw[:, 1]).all())
-
-
-@pytest.mark.parametrize("size", [(10, 1000), (1000, 12), (50, 50)])
-def test_sampler_fallback_is_torchvisions_center_crop(size):
-    # scale (0.99, 1) with ratio (1, 1) only fits square images: others take the fallback
-    ours = sample_resized_crop_params([size], scale=(0.99, 1.0), ratio=(1.0, 1.0),
-                                      generator=torch.Generator().manual_seed(0))  # fmt: skip
-    rrc = v2.RandomResizedCrop(8, scale=(0.99, 1.0), ratio=(1.0, 1.0))
-    theirs = rrc.make_params([torch.empty(3, *size)])
-    if size[0] != size[1]:
-        assert ours[0].tolist() == [
-            theirs["top"],
-            theirs["left"],
-            theirs["height"],
-            theirs["width"],
-        ]
-    else:  # a square image fits at the first attempt: the whole image
-        assert ours[0].tolist() == [0, 0, 50, 50]
-
-
-@pytest.mark.parametrize(
-    ("scale", "ratio"),
-    [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.99, 1.0), (1.0, 1.0)), ((0.5, 0.5), (2.0, 3.0))],
-)
-def test_scalar_sampler_draws_what_the_batch_sampler_draws(scale, ratio):
-    """The same generator state gives the same box, fallback included (the second and third
-    cases never fit most images)."""
-    g = torch.Generator().manual_seed(0)
-    sizes = [*torch.randint(1, 700, (400, 2), generator=g).tolist(), [1, 1], [1, 500], [500, 1]]
-    a, b = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
-    for h, w in sizes:
-        want = sample_resized_crop_params([(h, w)], scale, ratio, generator=a)[0].tolist()
-        assert list(resized_crop_box(h, w, scale, ratio, generator=b)) == want, (h, w)
-
-
-def test_scalar_sampler_errors():
-    with pytest.raises(ValueError, match=r"the image must be at least 1 x 1, got 0 x 5"):
-        resized_crop_box(0, 5)
-    with pytest.raises(ValueError, match=r"scale must be \(min, max\) with min <= max"):
-        resized_crop_box(5, 5, scale=(1.0, 0.5))
-    with pytest.raises(ValueError, match="ratio values must be > 0"):
-        resized_crop_box(5, 5, ratio=(-1.0, 1.0))
-
-
-def test_flip_probability():
-    flips = sample_flips(20000, 0.3, torch.Generator().manual_seed(0))
-    assert abs(flips.double().mean().item() - 0.3) < 4 * math.sqrt(0.3 * 0.7 / 20000)
-    assert not bool(sample_flips(100, 0.0).any()) and bool(sample_flips(100, 1.0).all())
-
-
-# --- the batch transforms --------------------------------------------------------------------------
-
-
-def test_transform_draws_per_image_and_matches_functional():
-    sizes = [(300, 400), (480, 333), (224, 224), (120, 150)]
-    images = images_of(sizes, seed=12)
-    t = RandomResizedCropFlipNormalize(64, mean=MEAN, std=STD,
-                                       generator=torch.Generator().manual_seed(5),
-                                       return_params=True)  # fmt: skip
-    out, params = t(images)
-    ref = tv_float(images, params["boxes"].tolist(), params["flips"].tolist(), (64, 64),
-                   "bilinear", True)  # fmt: skip
-    assert (out - ref).abs().max().item() <= 1e-4
-    assert len({tuple(b) for b in params["boxes"].tolist()}) == 4  # one draw per image
-
-
-def test_transform_same_generator_same_output():
-    images = images_of([(100, 120)] * 3)
-    mk = lambda: RandomResizedCropFlipNormalize(  # noqa: E731
-        32, mean=MEAN, std=STD, generator=torch.Generator().manual_seed(9)
-    )
-    assert torch.equal(mk()(images), mk()(images))
-
-
-def test_transform_on_dense_batch_and_tv_image():
-    dense = torch.stack(images_of([(60, 80)] * 5))
-    t = RandomResizedCropFlipNormalize(24, mean=MEAN, std=STD, dtype=torch.bfloat16,
-                                       channels_last=True)  # fmt: skip
-    out = t(tv_tensors.Image(dense))
-    assert isinstance(out, tv_tensors.Image) and out.shape == (5, 3, 24, 24)
-    assert out.dtype == torch.bfloat16 and out.is_contiguous(memory_format=torch.channels_last)
-    hwc = RandomResizedCropFlipNormalize(24, mean=MEAN, std=STD, image_layout="HWC")
-    assert hwc(dense.permute(0, 2, 3, 1)).shape == (5, 3, 24, 24)
-
-
-def test_transform_in_compose_and_pickled():
-    t = v2.Compose([RandomResizedCropFlipNormalize(16, mean=MEAN, std=STD,
-                                                   generator=torch.Generator().manual_seed(2))])  # fmt: skip
-    images = images_of([(40, 40), (50, 30)])
-    first = t(images)
-    clone = pickle.loads(pickle.dumps(t))
-    assert clone(images).shape == first.shape
-    ev = pickle.loads(pickle.dumps(ResizeCenterCropNormalize(20, 16, mean=MEAN, std=STD)))
-    assert ev(images).shape == (2, 3, 16, 16)
-
-
-def test_boxes_and_masks_follow_their_image():
-    sizes = [(60, 80), (90, 70)]
-    images = images_of(sizes, seed=13)
-    targets = []
-    for h, w in sizes:
-        boxes = tv_tensors.BoundingBoxes([[5, 6, 40, 50], [0, 0, w, h]], format="XYXY",
-                                         canvas_size=(h, w))  # fmt: skip
-        mask = tv_tensors.Mask(torch.randint(0, 2, (1, h, w), dtype=torch.uint8))
-        targets.append({"boxes": boxes, "masks": mask, "label": 3})
-    t = RandomResizedCropFlipNormalize(32, mean=MEAN, std=STD, p_flip=0.5,
-                                       generator=torch.Generator().manual_seed(1),
-                                       return_params=True)  # fmt: skip
-    (out, new_targets), params = t((images, targets))
-    assert out.shape == (2, 3, 32, 32)
-    for b, target in enumerate(targets):
-        top, left, height, width = params["boxes"][b].tolist()
-        want_boxes = TF.resized_crop(target["boxes"], top, left, height, width, [32, 32])
-        want_mask = TF.resized_crop(target["masks"], top, left, height, width, [32, 32],
-                                    interpolation=v2.InterpolationMode.NEAREST)  # fmt: skip
-        if bool(params["flips"][b]):
-            want_boxes, want_mask = TF.horizontal_flip(want_boxes), TF.horizontal_flip(want_mask)
-        got = new_targets[b]
-        assert isinstance(got["boxes"], tv_tensors.BoundingBoxes)
-        assert torch.equal(got["boxes"], want_boxes) and torch.equal(got["masks"], want_mask)
-        assert got["label"] == 3
-
-
-def test_eval_transform_targets():
-    images = images_of([(100, 80)])
-    mask = tv_tensors.Mask(torch.randint(0, 2, (1, 100, 80), dtype=torch.uint8))
-    out, (target,) = ResizeCenterCropNormalize(64, 48, mean=MEAN, std=STD)((images, [mask]))
-    want = TF.center_crop(TF.resize(mask, [64], interpolation=v2.InterpolationMode.NEAREST), [48])
-    assert torch.equal(target, want) and out.shape == (1, 3, 48, 48)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_transform_keeps_device(device):
-    images = [i.to(device) for i in images_of([(40, 50), (30, 30)])]
-    out = RandomResizedCropFlipNormalize(12, mean=MEAN, std=STD)(images)
-    assert out.device.type == device
-
-
-def test_resize_flip_normalize_is_the_crop_transform_on_whole_images(isa):
-    """The second half of RandomResizedCropFlipNormalize: on crops already cut out it gives what
-    the crop transform gives on the full images (and torchvision's float path)."""
-    sizes, boxes = boxes_cases()
-    images = images_of(sizes, seed=21)
-    crops = [i[:, y : y + h, x : x + w] for i, (y, x, h, w) in zip(images, boxes, strict=True)]
-    t = ResizeFlipNormalize((40, 36), p_flip=0.5, mean=MEAN, std=STD, return_params=True,
-                            generator=torch.Generator().manual_seed(1))  # fmt: skip
-    out, params = t(crops)
-    flips = params["flips"]
-    assert set(params) == {"flips"} and 0 < int(flips.sum()) < len(crops)
-    want = crop_flip_normalize(images, torch.tensor(boxes), flips, (40, 36), mean=MEAN, std=STD)
-    assert (out - want).abs().max().item() <= 1e-5
-    whole = [(0, 0, c.shape[1], c.shape[2]) for c in crops]
-    ref = tv_float(crops, whole, flips.tolist(), (40, 36), "bilinear", True)
-    assert (out - ref).abs().max().item() <= 1e-4
-
-
-def test_resize_flip_normalize_targets_and_options():
-    images = images_of([(60, 80), (90, 70)], seed=22)
-    masks = [tv_tensors.Mask(torch.randint(0, 2, (1, h, w), dtype=torch.uint8))
-             for h, w in [(60, 80), (90, 70)]]  # fmt: skip
-    t = ResizeFlipNormalize(32, p_flip=1.0, mean=MEAN, std=STD, dtype=torch.bfloat16,
-                            channels_last=True)  # fmt: skip
-    out, targets = t((images, masks))
-    assert out.shape == (2, 3, 32, 32) and out.dtype == torch.bfloat16
-    assert out.is_contiguous(memory_format=torch.channels_last)
-    for mask, got in zip(masks, targets, strict=True):
-        want = TF.horizontal_flip(
-            TF.resize(mask, [32, 32], interpolation=v2.InterpolationMode.NEAREST)
-        )
-        assert torch.equal(got, want)
-    hwc = ResizeFlipNormalize(16, p_flip=0.0, mean=MEAN, std=STD, image_layout="HWC")
-    dense = torch.stack(images_of([(20, 30)] * 2))
-    chw = ResizeFlipNormalize(16, p_flip=0.0, mean=MEAN, std=STD)
-    assert torch.equal(hwc(dense.permute(0, 2, 3, 1)), chw(list(dense)))
-    clone = pickle.loads(pickle.dumps(t))
-    assert clone.size == (32, 32) and clone.p_flip == 1.0
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
-    [
-        (dict(p_flip=-0.1), ValueError, r"p_flip must be in \[0, 1\]"),
-        (dict(generator="seed"), TypeError, "generator must be a torch.Generator"),
-        (dict(size=0), ValueError, "size must be positive"),
-        (dict(std=(1.0, 1.0, 0.0)), ValueError, r"std\[2\] is 0"),
-    ],
-)
-def test_bad_resize_flip_normalize_configuration(kwargs, error, match):
-    base = dict(size=16, mean=MEAN, std=STD)
-    base.update(kwargs)
-    with pytest.raises(error, match=match):
-        ResizeFlipNormalize(**base)
-
-
-# --- output buffer reuse --------------------------------------------------------------------------
-
-
-def test_output_buffer_reused_only_when_free():
-    pool = OutputBuffer(slots=3)
-    args = ((2, 3, 4, 4), torch.float32, torch.device("cpu"), torch.contiguous_format)
-    a = pool.get(*args)
-    b = pool.get(*args)
-    assert a.data_ptr() != b.data_ptr()  # a is still held
-    view = b[0]
-    del a, b
-    c = pool.get(*args)
-    assert c.data_ptr() != view.data_ptr()  # b's memory is still seen through a view
-    ptr_c = c.data_ptr()
-    del c
-    d = pool.get(*args)
-    assert d.data_ptr() == ptr_c  # free again: reused
-    del view, d
-    e, f = pool.get(*args), pool.get(*args)
-    assert e.data_ptr() != f.data_ptr()
-
-
-def test_transform_never_overwrites_a_held_output():
-    images = images_of([(40, 50)] * 2)
-    t = RandomResizedCropFlipNormalize(
-        8, mean=MEAN, std=STD, generator=torch.Generator().manual_seed(0)
-    )
-    outs = [t(images) for _ in range(5)]
-    copies = [o.clone() for o in outs]
-    t(images)
-    assert all(torch.equal(o, c) for o, c in zip(outs, copies, strict=True))
-    assert len({o.data_ptr() for o in outs}) == 5
-
-
 # --- opcheck and torch.compile --------------------------------------------------------------------
 
 
@@ -677,10 +357,15 @@ def test_parameters_on_another_device():
 
 
 @pytest.mark.cuda
-def test_parameters_on_cpu_with_cuda_images():
+def test_parameters_on_the_host_or_the_images_device_with_cuda_images():
+    """The geometry is planned on the host: host boxes and flips are the fast way with CUDA
+    images, boxes on the images' device are read back; both give the same result."""
     images = [i.cuda() for i in images_of([(20, 30)] * 2)]
-    with pytest.raises(ValueError, match="boxes are on cpu but the images are on cuda:0"):
-        call(images=images, boxes=torch.tensor([[0, 0, 20, 30], [1, 1, 5, 5]]))
+    boxes = torch.tensor([[0, 0, 20, 30], [1, 1, 5, 5]])
+    flips = torch.tensor([True, False])
+    host = call(images=images, boxes=boxes, flips=flips)
+    device = call(images=images, boxes=boxes.cuda(), flips=flips.cuda())
+    assert host.is_cuda and torch.equal(host, device)
 
 
 def test_raw_op_errors():
@@ -701,31 +386,6 @@ def test_raw_op_errors():
         op(images, grid, flips, 1, True, MEAN, STD, torch.empty(6, 2, 9, 11))
     with pytest.raises(ValueError, match="out must be a dense tensor"):
         op(images, grid, flips, 1, True, MEAN, STD, torch.empty(6, 3, 9, 22)[..., ::2])
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
-    [
-        (dict(scale=(0.9, 0.1)), ValueError, r"scale must be \(min, max\) with min <= max"),
-        (dict(ratio=(0.0, 1.0)), ValueError, "ratio values must be > 0"),
-        (dict(p_flip=1.5), ValueError, r"p_flip must be in \[0, 1\]"),
-        (dict(std=(1.0, 0.0, 1.0)), ValueError, r"std\[1\] is 0"),
-        (dict(generator=3), TypeError, "generator must be a torch.Generator"),
-        (dict(dtype=torch.int32), TypeError, "dtype must be"),
-        (dict(size=-3), ValueError, "size must be positive"),
-    ],
-)
-def test_bad_transform_configuration(kwargs, error, match):
-    base = dict(size=16, mean=MEAN, std=STD)
-    base.update(kwargs)
-    with pytest.raises(error, match=match):
-        RandomResizedCropFlipNormalize(**base)
-
-
-def test_bad_targets():
-    t = RandomResizedCropFlipNormalize(8, mean=MEAN, std=STD)
-    with pytest.raises(ValueError, match=r"targets must be a list with one entry per image \(2\)"):
-        t((images_of([(20, 20)] * 2), [{"a": 1}]))
 
 
 # --- CUDA ----------------------------------------------------------------------------------------
@@ -762,7 +422,231 @@ def test_cuda_transform_and_opcheck():
     ref = tv_float([i.cpu() for i in images], params["boxes"].tolist(), params["flips"].tolist(),
                    (32, 32), "bilinear", True)  # fmt: skip
     assert (out.cpu() - ref).abs().max().item() <= 1e-4
-    grid = grid_from_boxes(params["boxes"].double(), [(60, 80), (90, 70)], (32, 32)).cuda()
+    grid = grid_from_boxes(params["boxes"].double(), [(60, 80), (90, 70)], (32, 32))  # host
     torch.library.opcheck(torch.ops.torchfeed.crop_flip_normalize_list_out.default,
-                          (images, grid, params["flips"].cuda(), 1, True, MEAN, STD,
+                          (images, grid, params["flips"], 1, True, MEAN, STD,
                            torch.empty(2, 3, 32, 32, device="cuda")))  # fmt: skip
+
+
+@pytest.mark.cuda
+def test_nothing_synchronizes_the_device():
+    """The transforms, ImageCollate with a transform, and DevicePrefetcher with the transform on
+    the GPU never synchronize (torch raises on any synchronizing call in this mode)."""
+    images = [i.cuda() for i in images_of([(60, 80), (90, 70), (31, 45)])]
+    t = RandomResizedCropFlipNormalize(32, mean=MEAN, std=STD)
+    e = ResizeCenterCropNormalize(40, 32, mean=MEAN, std=STD)
+    ragged = RaggedImages.from_images(images_of([(60, 80), (90, 70)])).to("cuda")
+    samples = [(im, 0) for im in images_of([(60, 80), (90, 70), (31, 45)] * 4)]
+    loader = torch.utils.data.DataLoader(samples, batch_size=4,
+                                         collate_fn=torchfeed.ImageCollate(0))  # fmt: skip
+    prefetcher = torchfeed.DevicePrefetcher(loader, "cuda", transform=lambda b: (t(b[0]), b[1]))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        t(images), e(images), t(ragged), t(torch.stack([images[0]] * 2))
+        for x, _ in prefetcher:
+            x.sum()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+# --- the one-pass kernel, emulated block by block -------------------------------------------------
+
+EMULATE = torch.ops.torchfeed_testing.emulate_cuda_crop_flip_normalize_list_out
+
+
+def emulate(images, grid, flips, size, mode, antialias, fmt, kernel, budget, dtype=torch.float32):
+    out = torch.full((len(images), images[0].shape[0], *size), float("nan"), dtype=dtype)
+    out = out.contiguous(memory_format=fmt)
+    c = images[0].shape[0]
+    ran = EMULATE(images, grid, flips, mode, antialias, (MEAN + [0.5])[:c], (STD + [0.25])[:c],
+                  out, kernel, budget)  # fmt: skip
+    return out, ran
+
+
+def cpu_op(images, grid, flips, size, mode, antialias, fmt, dtype=torch.float32):
+    out = torch.empty(len(images), images[0].shape[0], *size, dtype=dtype)
+    out = out.contiguous(memory_format=fmt)
+    c = images[0].shape[0]
+    torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid, flips, mode, antialias,
+                                                     (MEAN + [0.5])[:c], (STD + [0.25])[:c],
+                                                     out)  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize(("interpolation", "antialias"), MODES)
+@pytest.mark.parametrize("budget", [98304, 6000, 1500])  # big tiles, small tiles, 1x1 tiles
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+def test_one_pass_kernel_is_bit_identical_to_the_cpu_kernel(isa, interpolation, antialias,
+                                                           budget, fmt):  # fmt: skip
+    """Both compute every sum term for term in the same order with fused multiply-adds (the
+    CPU's AVX2 path), so the one-pass kernel's blocks give the CPU kernel's bits; with the
+    baseline CPU path (no FMA) they agree to float rounding."""
+    sizes, boxes = boxes_cases()
+    images = images_of(sizes)
+    images[1] = images[1].permute(1, 2, 0).contiguous().permute(2, 0, 1)  # an HWC image
+    flips = torch.tensor([True, False, True, True, False, True])
+    size = (23, 45)
+    grid = grid_from_boxes(boxes, [i.shape[1:] for i in images], size)
+    mode = 0 if interpolation == "nearest" else 1
+    got, ran = emulate(images, grid, flips, size, mode, antialias, fmt, 1, budget)
+    assert ran == 1
+    want = cpu_op(images, grid, flips, size, mode, antialias, fmt)
+    if isa == "avx2":
+        assert torch.equal(got, want)
+    else:
+        assert (got - want).abs().max().item() <= 1e-5
+    two, ran = emulate(images, grid, flips, size, mode, antialias, fmt, 2, budget)
+    assert ran == 2 and torch.equal(two, got)  # the fallback computes the same bits
+
+
+def test_the_launcher_falls_back_to_two_passes_when_no_tile_fits():
+    images = images_of([(7, 4000)])  # a long thin image to 2x2: a huge horizontal scale
+    grid = grid_from_boxes([(0, 0, 7, 4000)], [(7, 4000)], (2, 2))
+    flips = torch.tensor([False])
+    out, ran = emulate(images, grid, flips, (2, 2), 1, True, torch.contiguous_format, 0, 8192)
+    assert ran == 2
+    assert torch.equal(out, cpu_op(images, grid, flips, (2, 2), 1, True, torch.contiguous_format))
+    with pytest.raises(ValueError, match="no tile of the one-pass kernel fits"):
+        emulate(images, grid, flips, (2, 2), 1, True, torch.contiguous_format, 1, 8192)
+    out, ran = emulate(images, grid, flips, (2, 2), 1, True, torch.contiguous_format, 0, 98304)
+    assert ran == 1  # with the H200's shared memory it fits
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_one_pass_kernel_on_random_geometry(data):
+    """Random image sizes, float boxes anywhere inside, output sizes and shared-memory budgets:
+    every tile's taps stay inside its plan and its image (the emulation checks each read) and
+    the result is the two-pass kernel's, bit for bit."""
+    n = data.draw(st.integers(1, 3))
+    sizes = [(data.draw(st.integers(1, 90)), data.draw(st.integers(1, 90))) for _ in range(n)]
+    boxes = []
+    for h, w in sizes:
+        top, left = data.draw(st.floats(0, h - 0.5)), data.draw(st.floats(0, w - 0.5))
+        height = data.draw(st.floats(min(0.5, h - top), h - top))
+        width = data.draw(st.floats(min(0.5, w - left), w - left))
+        boxes.append((top, left, height, width))
+    size = (data.draw(st.integers(1, 40)), data.draw(st.integers(1, 40)))
+    mode, antialias = data.draw(st.sampled_from([(1, True), (1, False), (0, False)]))
+    channels = data.draw(st.sampled_from([1, 3, 4]))
+    images = images_of(sizes, channels=channels, seed=data.draw(st.integers(0, 99)))
+    flips = torch.tensor([data.draw(st.booleans()) for _ in range(n)])
+    grid = grid_from_boxes(boxes, sizes, size)
+    budget = data.draw(st.sampled_from([98304, 20000, 4000, 1200]))
+    fmt = data.draw(st.sampled_from([torch.contiguous_format, torch.channels_last]))
+    one, _ = emulate(images, grid, flips, size, mode, antialias, fmt, 0, budget)
+    two, _ = emulate(images, grid, flips, size, mode, antialias, fmt, 2, budget)
+    assert not bool(one.isnan().any()) and torch.equal(one, two)
+
+
+# --- the op's other inputs: packed buffers, HWC lists ---------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
+def test_packed_and_hwc_list_inputs_agree_with_the_list_op(layout):
+    sizes, boxes = boxes_cases()
+    images = images_of(sizes)
+    grid = grid_from_boxes(boxes, sizes, (17, 19))
+    flips = torch.tensor([True, False, True, True, False, True])
+    want = cpu_op(images, grid, flips, (17, 19), 1, True, torch.contiguous_format)
+    stored = [im if layout == "CHW" else im.permute(1, 2, 0).contiguous() for im in images]
+    packed = RaggedImages.from_images(stored, layout)
+    got = torch.empty_like(want)
+    torch.ops.torchfeed.crop_flip_normalize_packed_out(
+        packed.data, packed.packed_shapes(), grid, flips, 1, True, MEAN, STD, got,
+        layout == "HWC")  # fmt: skip
+    assert torch.equal(got, want)
+    got = torch.empty_like(want)
+    torch.ops.torchfeed.crop_flip_normalize_list_out(
+        stored, grid, flips, 1, True, MEAN, STD, got, layout == "HWC")  # fmt: skip
+    assert torch.equal(got, want)
+
+
+# --- hostile geometry and outputs: every value checked, nothing crashes --------------------------
+
+
+def geometry_with(field, value):
+    images, grid, flips, _, _ = op_samples()
+    grid = grid.clone()
+    grid[0, field] = value
+    return images, grid, flips
+
+
+@pytest.mark.parametrize("field", range(10))
+@pytest.mark.parametrize(
+    "value", [1e12, 20.0, -1.0, 0.5, float("nan"), float("inf"), -float("inf"), 2.0**63, 1e-300]
+)
+def test_the_raw_op_checks_every_geometry_value(field, value):
+    """Direct torch.ops callers get the same guarantees as the Python API: a geometry row that
+    reaches outside its image, or overflows an index, is refused with the numbers (before
+    anything is read), whatever the field and the value."""
+    images, grid, flips = geometry_with(field, value)
+    out = torch.full((6, 3, 9, 11), float("nan"))
+    try:
+        torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid, flips, 1, True, MEAN, STD,
+                                                         out)  # fmt: skip
+    except ValueError as e:
+        assert "grid[0] describes taps outside image 0" in str(e)
+    else:  # a harmless change (e.g. a start still inside): every output written, finite
+        assert bool(out.isfinite().all())
+
+
+@settings(max_examples=200, deadline=None)
+@given(row=st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                              st.integers(-(2**62), 2**62).map(float)),
+                    min_size=10, max_size=10))  # fmt: skip
+def test_random_geometry_rows_never_crash(row):
+    images, grid, flips, _, _ = op_samples()
+    grid = grid.clone()
+    grid[0] = torch.tensor(row, dtype=torch.float64)
+    out = torch.empty(6, 3, 9, 11)
+    try:
+        torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid, flips, 1, True, MEAN, STD,
+                                                         out)  # fmt: skip
+    except ValueError as e:
+        assert "grid[0]" in str(e)
+
+
+@pytest.mark.cuda
+def test_geometry_and_flips_must_be_on_the_host():
+    images, grid, flips, _, _ = op_samples()
+    images = [i.cuda() for i in images]
+    out = torch.empty(6, 3, 9, 11, device="cuda")
+    with pytest.raises(ValueError, match="grid and flips must be CPU tensors"):
+        torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid.cuda(), flips, 1, True,
+                                                         MEAN, STD, out)  # fmt: skip
+
+
+def test_an_output_overlapping_an_input_is_refused():
+    out = torch.zeros(1, 3, 4, 4)
+    image = out.view(-1).view(torch.uint8).view(3, 8, 8)  # the same bytes
+    grid = grid_from_boxes([(0, 0, 8, 8)], [(8, 8)], (4, 4))
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        torch.ops.torchfeed.crop_flip_normalize_list_out([image], grid, torch.tensor([False]), 1,
+                                                         True, MEAN, STD, out)  # fmt: skip
+    other = torch.zeros(2, 3, 4, 4)  # out: other[0]; the image: the second half of it and more
+    images = [other.view(-1)[24:72].view(torch.uint8).view(3, 8, 8)]
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid, torch.tensor([False]), 1,
+                                                         True, MEAN, STD, other[:1])  # fmt: skip
+
+
+def test_the_planning_ops_check_their_inputs():
+    sizes = torch.tensor([[20, 30]])
+    with pytest.raises(ValueError, match=r"sizes\[0\] = \(0, 30\) must be an image of 1 to"):
+        torch.ops.torchfeed.resized_crop_grid(torch.tensor([[0, 30]]), torch.zeros(1, 4), 4, 4)
+    with pytest.raises(ValueError, match="the output size must be 1 to"):
+        torch.ops.torchfeed.resized_crop_grid(sizes, torch.tensor([[0, 0, 5, 5]]), 0, 4)
+    with pytest.raises(ValueError, match=r"scale must be \(min, max\) with 0 <= min <= max"):
+        torch.ops.torchfeed.sample_resized_crop(sizes, float("nan"), 1.0, 0.5, 2.0)
+    with pytest.raises(ValueError, match=r"ratio must be \(min, max\) with 0 < min <= max"):
+        torch.ops.torchfeed.sample_resized_crop(sizes, 0.1, 1.0, 0.0, 2.0)
+    with pytest.raises(ValueError, match=r"crop \(30, 30\) is larger than image"):
+        torch.ops.torchfeed.resize_center_crop_grid(sizes, 20, -1, 30, 30)
+    with pytest.raises(ValueError, match=r"images\[1\] must be 3-D"):
+        torch.ops.torchfeed.image_sizes([torch.zeros(3, 4, 4, dtype=torch.uint8),
+                                         torch.zeros(4, 4, dtype=torch.uint8)])  # fmt: skip
+    with pytest.raises(ValueError, match=r"images\[0\] must be 1 to 16777216 pixels a side"):
+        torch.ops.torchfeed.image_sizes([torch.zeros(3, 0, 4, dtype=torch.uint8)])

@@ -1,0 +1,145 @@
+"""The random parameters: torchvision's distribution, reproducibility, the scalar sampler."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torchvision.transforms import v2
+
+from torchfeed.transforms import (
+    RandomResizedCropFlipNormalize,
+    resized_crop_box,
+    sample_flips,
+    sample_resized_crop_params,
+)
+
+from image_cases import MEAN, STD
+
+# --- random parameters ----------------------------------------------------------------------------
+
+
+def ks_statistic(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic."""
+    a, b = a.double().sort().values, b.double().sort().values
+    grid = torch.cat([a, b]).sort().values
+    fa = torch.searchsorted(a, grid, right=True).double() / len(a)
+    fb = torch.searchsorted(b, grid, right=True).double() / len(b)
+    return (fa - fb).abs().max().item()
+
+
+@pytest.mark.parametrize("size", [(375, 500), (500, 281), (224, 224)])
+def test_sampler_matches_torchvision_distribution(size):
+    n = 4000
+    ours = sample_resized_crop_params([size] * n, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(1)
+    rrc = v2.RandomResizedCrop(224)
+    image = torch.empty(3, *size, dtype=torch.uint8)
+    theirs = torch.tensor([list(rrc.make_params([image]).values()) for _ in range(n)])
+    area = size[0] * size[1]
+    critical = 1.95 * math.sqrt(2 / n)  # alpha = 0.001
+    for name, fn in [
+        ("area fraction", lambda p: p[:, 2] * p[:, 3] / area),
+        ("log aspect ratio", lambda p: torch.log(p[:, 3].double() / p[:, 2])),
+        ("top", lambda p: p[:, 0].double()),
+        ("left", lambda p: p[:, 1].double()),
+    ]:
+        d = ks_statistic(fn(ours), fn(theirs))
+        assert d < critical, f"{name}: KS statistic {d:.4f} >= {critical:.4f}"
+
+
+def test_sampler_boxes_fit_and_reproduce():
+    sizes = [(375, 500), (10, 400), (1, 1), (600, 30)]
+    a = sample_resized_crop_params(sizes * 100, generator=torch.Generator().manual_seed(3))
+    b = sample_resized_crop_params(sizes * 100, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b) and a.dtype == torch.int64
+    hw = torch.tensor(sizes * 100)
+    assert bool((a[:, 2:] > 0).all())
+    assert bool((a[:, 0] + a[:, 2] <= hw[:, 0]).all() and (a[:, 1] + a[:, 3] <= hw[:, 1]).all())
+
+
+@pytest.mark.parametrize("size", [(10, 1000), (1000, 12), (50, 50)])
+def test_sampler_fallback_is_torchvisions_center_crop(size):
+    # scale (0.99, 1) with ratio (1, 1) only fits square images: others take the fallback
+    ours = sample_resized_crop_params([size], scale=(0.99, 1.0), ratio=(1.0, 1.0),
+                                      generator=torch.Generator().manual_seed(0))  # fmt: skip
+    rrc = v2.RandomResizedCrop(8, scale=(0.99, 1.0), ratio=(1.0, 1.0))
+    theirs = rrc.make_params([torch.empty(3, *size)])
+    if size[0] != size[1]:
+        assert ours[0].tolist() == [
+            theirs["top"],
+            theirs["left"],
+            theirs["height"],
+            theirs["width"],
+        ]
+    else:  # a square image fits at the first attempt: the whole image
+        assert ours[0].tolist() == [0, 0, 50, 50]
+
+
+@pytest.mark.parametrize(
+    ("scale", "ratio"),
+    [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.99, 1.0), (1.0, 1.0)), ((0.5, 0.5), (2.0, 3.0))],
+)
+def test_scalar_sampler_draws_what_the_batch_sampler_draws(scale, ratio):
+    """The same generator state gives the same box, fallback included (the second and third
+    cases never fit most images)."""
+    g = torch.Generator().manual_seed(0)
+    sizes = [*torch.randint(1, 700, (400, 2), generator=g).tolist(), [1, 1], [1, 500], [500, 1]]
+    a, b = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    for h, w in sizes:
+        want = sample_resized_crop_params([(h, w)], scale, ratio, generator=a)[0].tolist()
+        assert list(resized_crop_box(h, w, scale, ratio, generator=b)) == want, (h, w)
+
+
+def test_scalar_sampler_errors():
+    with pytest.raises(ValueError, match=r"the image must be at least 1 x 1, got 0 x 5"):
+        resized_crop_box(0, 5)
+    with pytest.raises(ValueError, match=r"scale must be \(min, max\) with min <= max"):
+        resized_crop_box(5, 5, scale=(1.0, 0.5))
+    with pytest.raises(ValueError, match="ratio values must be > 0"):
+        resized_crop_box(5, 5, ratio=(-1.0, 1.0))
+
+
+def test_flip_probability():
+    flips = sample_flips(20000, 0.3, torch.Generator().manual_seed(0))
+    assert abs(flips.double().mean().item() - 0.3) < 4 * math.sqrt(0.3 * 0.7 / 20000)
+    assert not bool(sample_flips(100, 0.0).any()) and bool(sample_flips(100, 1.0).all())
+
+
+@pytest.mark.parametrize("scale", [(0.08, 1.0), (0.5, 0.5), (1.0, 2.0), (0.0, 0.01)])
+@pytest.mark.parametrize("ratio", [(3 / 4, 4 / 3), (1.0, 1.0), (0.1, 10.0)])
+def test_the_batch_op_draws_what_the_python_sampler_draws(scale, ratio):
+    """The transforms draw with the C++ op (one call per batch); it must give exactly the
+    boxes of sample_resized_crop_params (same generator state in, same numbers out), fallback
+    included."""
+    g = torch.Generator().manual_seed(7)
+    sizes = [(int(h), int(w)) for h, w in torch.randint(1, 700, (300, 2), generator=g)]
+    sizes += [(1, 1), (1, 500), (500, 1), (10, 1000)]
+    sizes_t = torch.tensor(sizes, dtype=torch.int64)
+    for seed in range(3):
+        ours = torch.ops.torchfeed.sample_resized_crop(
+            sizes_t, *scale, *ratio, torch.Generator().manual_seed(seed)
+        )
+        ref = sample_resized_crop_params(sizes, scale, ratio, torch.Generator().manual_seed(seed))
+        assert torch.equal(ours, ref)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(scale=(float("nan"), float("nan"))), r"scale values must be >= 0"),
+        (dict(scale=(-0.1, 1.0)), r"scale values must be >= 0"),
+        (dict(ratio=(1.0, float("inf"))), r"ratio values must be > 0"),
+        (dict(scale=(0.5, 0.1)), r"scale must be \(min, max\) with min <= max"),
+    ],
+)
+def test_non_finite_or_negative_ranges_are_refused(kwargs, match):
+    """torchvision raises for nan scales too (its int(round(nan)) fails); nothing here gives a
+    silent full-image crop."""
+    with pytest.raises(ValueError, match=match):
+        sample_resized_crop_params([(10, 10)], **kwargs)
+    with pytest.raises(ValueError, match=match):
+        resized_crop_box(10, 10, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        RandomResizedCropFlipNormalize(8, mean=MEAN, std=STD, **kwargs)
