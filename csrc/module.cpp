@@ -66,6 +66,10 @@ PYBIND11_MODULE(_C, m) {
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("record_many", &PinnedRing::record_many, pybind11::arg("views"), pybind11::arg("stream"),
            pybind11::arg("device"))
+      .def("stage_and_copy", &PinnedRing::stage_and_copy, pybind11::arg("sources"),
+           pybind11::arg("offsets"), pybind11::arg("block"), pybind11::arg("target"),
+           pybind11::arg("stream"), pybind11::arg("chunk_bytes"),
+           pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("close", &PinnedRing::close, pybind11::arg("timeout"),
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("stats",

@@ -4,8 +4,12 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -300,6 +304,88 @@ int64_t PinnedRing::record_many(const std::vector<at::Tensor>& views, int64_t st
     }
   }
   return static_cast<int64_t>(ids.size());
+}
+
+int64_t PinnedRing::block_of(const void* p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t offset = reinterpret_cast<int64_t>(p) - data_address();
+  for (const Block& b : blocks_) {
+    if (offset >= b.offset && offset < b.offset + b.size) return b.id;
+  }
+  throw std::invalid_argument("PinnedRing: the tensor does not view a live block of this ring");
+}
+
+int64_t PinnedRing::stage_and_copy(const std::vector<at::Tensor>& sources,
+                                   const std::vector<int64_t>& offsets, const at::Tensor& block,
+                                   const at::Tensor& target, int64_t stream,
+                                   int64_t chunk_bytes) {
+  constexpr const char* who = "PinnedRing.stage_and_copy";
+  TORCH_CHECK_VALUE(sources.size() == offsets.size(), who, ": ", sources.size(),
+                    " sources but ", offsets.size(), " offsets");
+  TORCH_CHECK_VALUE(block.scalar_type() == at::kByte && block.dim() == 1 && block.is_contiguous(),
+                    who, ": block must be a 1-D uint8 tensor from allocate()");
+  TORCH_CHECK_VALUE(chunk_bytes >= 1, who, ": chunk_bytes must be >= 1, got ", chunk_bytes);
+  const int64_t total = block.numel();
+  TORCH_CHECK_VALUE(target.scalar_type() == at::kByte && target.is_contiguous() &&
+                        target.numel() == total,
+                    who, ": target must be a contiguous uint8 tensor of ", total, " bytes");
+  const bool to_gpu = target.is_cuda();
+  TORCH_CHECK_VALUE(to_gpu || target.device().is_cpu(), who,
+                    ": target must be on a CUDA device (or the CPU), got ", target.device());
+#ifndef TORCHFEED_WITH_CUDA
+  TORCH_CHECK_VALUE(!to_gpu, who, ": this build of torchfeed has no CUDA support");
+#endif
+  uint8_t* host = block.data_ptr<uint8_t>();
+  const int64_t id = total > 0 ? block_of(host) : -1;
+  struct Field {
+    int64_t offset, size;
+    const uint8_t* src;
+  };
+  std::vector<Field> fields;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const at::Tensor& src = sources[i];
+    const int64_t size = src.numel() * src.element_size();
+    TORCH_CHECK_VALUE(src.device().is_cpu(), who, ": sources[", i, "] must be a CPU tensor");
+    TORCH_CHECK_VALUE(offsets[i] >= 0 && offsets[i] <= total && size <= total - offsets[i], who,
+                      ": sources[", i, "] (", size, " bytes at ", offsets[i],
+                      ") does not fit the block of ", total, " bytes");
+    if (src.is_contiguous()) {
+      fields.push_back(Field{offsets[i], size, static_cast<const uint8_t*>(src.data_ptr())});
+    } else {  // strided: staged whole, first (torch's copy does the gathering)
+      at::from_blob(host + offsets[i], src.sizes(), src.options()).copy_(src);
+    }
+  }
+  std::sort(fields.begin(), fields.end(),
+            [](const Field& a, const Field& b) { return a.offset < b.offset; });
+  const int64_t chunks = (total + chunk_bytes - 1) / chunk_bytes;
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t lo = k * chunk_bytes, hi = std::min(total, lo + chunk_bytes);
+    const int64_t grain = std::max<int64_t>(int64_t{256} << 10, (hi - lo) / at::get_num_threads());
+    at::parallel_for(lo, hi, grain, [&](int64_t begin, int64_t end) {
+      for (const Field& f : fields) {
+        const int64_t a = std::max(begin, f.offset), b = std::min(end, f.offset + f.size);
+        if (a < b) std::memcpy(host + a, f.src + (a - f.offset), static_cast<size_t>(b - a));
+      }
+    });
+    if (to_gpu) {
+#ifdef TORCHFEED_WITH_CUDA
+      const cudaError_t err = cudaMemcpyAsync(
+          static_cast<uint8_t*>(target.data_ptr()) + lo, host + lo, static_cast<size_t>(hi - lo),
+          cudaMemcpyHostToDevice, reinterpret_cast<cudaStream_t>(stream));
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        // chunks already queued read the block: fence what was queued before failing
+        if (k > 0) record_many({block}, stream, target.device().index());
+        TORCH_CHECK(false, who, ": cudaMemcpyAsync failed: ", cudaGetErrorString(err));
+      }
+#endif
+    } else {
+      std::memcpy(static_cast<uint8_t*>(target.data_ptr()) + lo, host + lo,
+                  static_cast<size_t>(hi - lo));
+    }
+  }
+  if (to_gpu && id >= 0) record_many({block}, stream, target.device().index());
+  return chunks;
 }
 
 void PinnedRing::close(double timeout_s) {

@@ -52,6 +52,16 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
   // Fences the blocks under `views` (each once) after the work queued now on `stream` (a
   // cudaStream_t as an integer, on `device`): enqueue the copies first. Returns how many.
   int64_t record_many(const std::vector<at::Tensor>& views, int64_t stream, int64_t device);
+  // Stages `sources` (CPU tensors) into `block` (a tensor over a live block of this ring, as
+  // allocate() returned it) at byte `offsets`, and copies the block's bytes to `target` (a
+  // contiguous uint8 tensor of the block's size, on a CUDA device; on the CPU it is a plain
+  // copy, for tests) in chunks of `chunk_bytes`: each chunk's copy is queued on `stream` as
+  // soon as that chunk is staged, so staging chunk k + 1 overlaps the transfer of chunk k, and
+  // the staging of a chunk is split over the intra-op threads. Fences the block once, after the
+  // last chunk. Returns the number of chunks.
+  int64_t stage_and_copy(const std::vector<at::Tensor>& sources,
+                         const std::vector<int64_t>& offsets, const at::Tensor& block,
+                         const at::Tensor& target, int64_t stream, int64_t chunk_bytes);
   // No more allocations; frees the arena once no copy from it is pending (waits up to
   // timeout_s, < 0: without limit, for those).
   void close(double timeout_s);
@@ -73,6 +83,7 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
   };
 
   PinnedRing(int64_t capacity, int64_t alignment, bool pinned, bool lock_memory);
+  int64_t block_of(const void* p);  // the id of the live block holding p (throws if none)
   void host_release(int64_t id);
   void copies_done(int64_t id);
   Block* find_locked(int64_t id);

@@ -118,7 +118,10 @@ class DevicePrefetcher:
         if self.pinned_ring is None and self._auto_ring:
             nbytes = sum(t.numel() * t.element_size() for t in tensors_of(batch))
             if nbytes:
-                self.pinned_ring = PinnedRing(int(nbytes * 1.25) * (self.depth + 2) + 4096)
+                # one arena per device for every prefetcher (grown once if a batch needs it):
+                # a prefetcher made per epoch page-locks nothing new
+                need = int(nbytes * 1.25) * (self.depth + 2) + 4096
+                self.pinned_ring = PinnedRing.for_device(self.device, need)
         return self.pinned_ring
 
     def _prepare(self, batch: Any) -> tuple[Any, Any]:
@@ -144,12 +147,16 @@ class DevicePrefetcher:
             on_device = map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
             memory.record_copies(tensors_of(batch), self.stream)
             return on_device
+        leaves = tensors_of(batch)
+        if leaves and all(t.is_cuda or t.is_pinned() for t in leaves):
+            # already page-locked (DataLoader(pin_memory=True)): staging would add a copy
+            return map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
         ring = self._ring_for(batch)
         if ring is not None:
             try:
-                staged = ring.stage(batch)
+                # staged and sent in chunks: chunk k's transfer overlaps staging chunk k + 1
+                return ring.copy_to_device(batch, self.device, stream=self.stream)
             except ValueError:  # larger than the whole ring: copy without it, warn once
-                staged = None
                 if not self._warned_oversize:
                     self._warned_oversize = True
                     warnings.warn(
@@ -158,8 +165,6 @@ class DevicePrefetcher:
                         RuntimeWarning,
                         stacklevel=2,
                     )
-            if staged is not None:
-                return ring.to_device(staged, self.device, stream=self.stream)
         return map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
 
 

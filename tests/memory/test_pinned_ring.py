@@ -347,3 +347,73 @@ def test_cuda_close_waits_for_copies():
     del src
     ring.close(timeout=30)
     assert ring.closed
+
+
+# --- staging in chunks, each chunk's copy started as soon as it is staged ----------------------
+
+
+@pytest.mark.parametrize("chunk", [1, 100, 4096, 1 << 20])
+def test_stage_and_copy_moves_every_field_in_chunks(chunk):
+    """The chunked path's bookkeeping, on the CPU (a CPU target takes a plain copy per chunk):
+    every field lands at its offset, strided ones included, whatever the chunk size."""
+    from torchfeed.tree import field_layout
+
+    g = torch.Generator().manual_seed(0)
+    fields = [
+        torch.randint(0, 255, (1000,), dtype=torch.uint8, generator=g),
+        torch.randn(33, 17, generator=g).t(),  # strided: staged whole
+        torch.randn(257, generator=g).double(),
+        torch.randint(-5, 5, (64, 3), generator=g),
+    ]
+    ring = PinnedRing(1 << 20, pinned=False)
+    offsets, total = field_layout(fields)
+    block = ring.allocate(total)
+    target = torch.zeros(total, dtype=torch.uint8)
+    chunks = ring._ring.stage_and_copy(fields, [offsets[id(f)] for f in fields], block, target,
+                                        0, chunk)  # fmt: skip
+    assert chunks == -(-total // chunk)
+    for f in fields:
+        got = target[offsets[id(f)] : offsets[id(f)] + f.nbytes].view(f.dtype).view(f.shape)
+        assert torch.equal(got, f)
+
+
+def test_stage_and_copy_refuses_what_does_not_fit():
+    ring = PinnedRing(1 << 16, pinned=False)
+    block = ring.allocate(128)
+    with pytest.raises(ValueError, match=r"sources\[0\] .* does not fit the block of 128 bytes"):
+        ring._ring.stage_and_copy([torch.zeros(40)], [0], block, torch.zeros(128, dtype=torch.uint8),
+                                  0, 64)  # fmt: skip
+    with pytest.raises(ValueError, match="target must be a contiguous uint8 tensor of 128 bytes"):
+        ring._ring.stage_and_copy([], [], block, torch.zeros(100, dtype=torch.uint8), 0, 64)
+    with pytest.raises(ValueError, match="chunk_bytes must be >= 1"):
+        ring._ring.stage_and_copy([], [], block, torch.zeros(128, dtype=torch.uint8), 0, 0)
+
+
+@pytest.mark.cuda
+def test_copy_to_device_in_chunks_matches_and_fences_once():
+    ring = PinnedRing(1 << 26)
+    batch = {"x": torch.randn(64, 3, 224, 224), "y": torch.arange(64), "z": torch.randn(5, 3).t()}
+    out = ring.copy_to_device(batch, "cuda", chunk_bytes=1 << 20)
+    torch.cuda.synchronize()
+    for k in batch:
+        assert out[k].is_cuda and torch.equal(out[k].cpu(), batch[k])
+    deadline = time.time() + 5
+    while ring.stats()["blocks_in_flight"] and time.time() < deadline:
+        time.sleep(0.01)  # the fence fires from the stream
+    assert ring.stats()["blocks_in_flight"] == 0 and ring.stats()["allocations"] == 1
+
+
+@pytest.mark.cuda
+def test_one_arena_per_device_for_every_prefetcher():
+    a = PinnedRing.for_device("cuda", 1 << 20)
+    assert PinnedRing.for_device("cuda", 1 << 10) is a  # big enough: the same arena
+    b = PinnedRing.for_device("cuda", a.capacity + 1)  # grown once, not per call
+    assert b is not a and b.capacity >= 2 * a.capacity
+    assert PinnedRing.for_device("cuda", a.capacity + 1) is b
+    loader = [{"x": torch.randn(4, 8)} for _ in range(3)]
+    rings = []
+    for _ in range(3):  # a prefetcher made per epoch
+        p = torchfeed.DevicePrefetcher(loader, "cuda")
+        list(p)
+        rings.append(p.pinned_ring)
+    assert rings[0] is rings[1] is rings[2]

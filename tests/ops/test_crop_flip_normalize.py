@@ -460,7 +460,7 @@ def emulate(images, grid, flips, size, mode, antialias, fmt, kernel, budget, dty
     out = torch.full((len(images), images[0].shape[0], *size), float("nan"), dtype=dtype)
     out = out.contiguous(memory_format=fmt)
     c = images[0].shape[0]
-    ran = EMULATE(images, grid, flips, mode, antialias, (MEAN + [0.5])[:c], (STD + [0.25])[:c],
+    ran = EMULATE(images, grid, flips, mode, antialias, [*MEAN, 0.5][:c], [*STD, 0.25][:c],
                   out, kernel, budget)  # fmt: skip
     return out, ran
 
@@ -470,7 +470,7 @@ def cpu_op(images, grid, flips, size, mode, antialias, fmt, dtype=torch.float32)
     out = out.contiguous(memory_format=fmt)
     c = images[0].shape[0]
     torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid, flips, mode, antialias,
-                                                     (MEAN + [0.5])[:c], (STD + [0.25])[:c],
+                                                     [*MEAN, 0.5][:c], [*STD, 0.25][:c],
                                                      out)  # fmt: skip
     return out
 
