@@ -13,7 +13,7 @@ SOURCES := CMakeLists.txt pyproject.toml python/torchfeed/_build_config.py.in \
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all venv deps build test test-min-torch bench bench-pytest wheel lint format clean
+.PHONY: all venv deps build test test-min-torch fuzz bench bench-pytest wheel lint format clean
 
 all: build
 
@@ -34,12 +34,17 @@ $(BUILT): $(DEPS) $(SOURCES)
 
 build: $(BUILT)
 
+# Python: ruff (lint and format) and mypy; C++/CUDA: clang-format (.clang-format, 100 columns).
+CXX_SOURCES = $(shell find csrc -name '*.h' -o -name '*.cpp' -o -name '*.cu' 2>/dev/null)
 lint: $(DEPS)
-	$(VENV)/bin/ruff check python tests bench conftest.py
-	$(VENV)/bin/ruff format --check python tests bench conftest.py
+	$(VENV)/bin/ruff check python tests bench scripts conftest.py
+	$(VENV)/bin/ruff format --check python tests bench scripts conftest.py
+	$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
+	$(VENV)/bin/mypy
 
 format: $(DEPS)
-	$(VENV)/bin/ruff format python tests bench conftest.py
+	$(VENV)/bin/ruff format python tests bench scripts conftest.py
+	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
 test: build lint
 	$(PY) -m pytest tests $(PYTEST_ARGS)
@@ -68,6 +73,24 @@ $(MIN_BUILT): $(MIN_DEPS) $(SOURCES)
 test-min-torch: $(MIN_BUILT)
 	$(MIN_PY) -c "import torch, torchfeed; print('torch', torch.__version__, 'torchfeed', torchfeed.__file__)"
 	$(MIN_PY) -m pytest tests $(PYTEST_ARGS)
+
+# A bounded fuzz run (FUZZ_SECONDS) of the JPEG window decoder, the image op's raw entry points
+# and the ring, against a CPU-only build compiled with AddressSanitizer and
+# UndefinedBehaviorSanitizer (any report aborts: the run fails). Its own build directory and
+# install target: the development build is untouched.
+FUZZ_SECONDS ?= 60
+SANITIZE := build/sanitize
+SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1
+fuzz: $(DEPS)
+	CFLAGS="$(SANITIZE_FLAGS)" CXXFLAGS="$(SANITIZE_FLAGS)" LDFLAGS="-fsanitize=address,undefined" \
+	TORCHFEED_CUDA=OFF $(PIP) wheel -q --no-build-isolation --no-deps \
+	    -C build-dir=$(SANITIZE)/build -C cmake.build-type=RelWithDebInfo -w $(SANITIZE)/dist .
+	rm -rf $(SANITIZE)/site
+	$(PIP) install -q --no-deps --target $(SANITIZE)/site $(SANITIZE)/dist/torchfeed-*.whl
+	cd $(SANITIZE) && \
+	    LD_PRELOAD="$$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)" \
+	    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	    ../../$(PY) ../../scripts/fuzz.py --seconds $(FUZZ_SECONDS) --site site
 
 # The main job: the end-to-end pipeline benchmark on the built-in dataset.
 bench: build

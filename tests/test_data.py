@@ -67,6 +67,9 @@ def test_worker_seeder_separates_rank_and_worker(context):
 
 def test_seed_worker_reads_rank_from_env(monkeypatch):
     monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv(
+        "WORLD_SIZE", "4"
+    )  # torchrun sets both (a rank outside the world is refused)
     assert WorkerSeeder().rank == 3
     loader = DataLoader(Draws(), batch_size=4, num_workers=1, worker_init_fn=seed_worker)
     assert len(list(loader)) == 2

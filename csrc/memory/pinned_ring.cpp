@@ -317,18 +317,17 @@ int64_t PinnedRing::block_of(const void* p) {
 
 int64_t PinnedRing::stage_and_copy(const std::vector<at::Tensor>& sources,
                                    const std::vector<int64_t>& offsets, const at::Tensor& block,
-                                   const at::Tensor& target, int64_t stream,
-                                   int64_t chunk_bytes) {
+                                   const at::Tensor& target, int64_t stream, int64_t chunk_bytes) {
   constexpr const char* who = "PinnedRing.stage_and_copy";
-  TORCH_CHECK_VALUE(sources.size() == offsets.size(), who, ": ", sources.size(),
-                    " sources but ", offsets.size(), " offsets");
+  TORCH_CHECK_VALUE(sources.size() == offsets.size(), who, ": ", sources.size(), " sources but ",
+                    offsets.size(), " offsets");
   TORCH_CHECK_VALUE(block.scalar_type() == at::kByte && block.dim() == 1 && block.is_contiguous(),
                     who, ": block must be a 1-D uint8 tensor from allocate()");
   TORCH_CHECK_VALUE(chunk_bytes >= 1, who, ": chunk_bytes must be >= 1, got ", chunk_bytes);
   const int64_t total = block.numel();
-  TORCH_CHECK_VALUE(target.scalar_type() == at::kByte && target.is_contiguous() &&
-                        target.numel() == total,
-                    who, ": target must be a contiguous uint8 tensor of ", total, " bytes");
+  TORCH_CHECK_VALUE(
+      target.scalar_type() == at::kByte && target.is_contiguous() && target.numel() == total, who,
+      ": target must be a contiguous uint8 tensor of ", total, " bytes");
   const bool to_gpu = target.is_cuda();
   TORCH_CHECK_VALUE(to_gpu || target.device().is_cpu(), who,
                     ": target must be on a CUDA device (or the CPU), got ", target.device());

@@ -320,13 +320,11 @@ struct TileTables {
 };
 
 TF_HOST_DEVICE TF_INLINE TileTables tile_tables(unsigned char* smem, const TileLayout& l) {
-  return TileTables{reinterpret_cast<int32_t*>(smem + l.y_first),
-                    reinterpret_cast<int32_t*>(smem + l.y_count),
-                    reinterpret_cast<int32_t*>(smem + l.x_first),
-                    reinterpret_cast<int32_t*>(smem + l.x_count),
-                    reinterpret_cast<float*>(smem + l.y_w),
-                    reinterpret_cast<float*>(smem + l.x_w),
-                    reinterpret_cast<float*>(smem + l.v)};
+  return TileTables{
+      reinterpret_cast<int32_t*>(smem + l.y_first), reinterpret_cast<int32_t*>(smem + l.y_count),
+      reinterpret_cast<int32_t*>(smem + l.x_first), reinterpret_cast<int32_t*>(smem + l.x_count),
+      reinterpret_cast<float*>(smem + l.y_w),       reinterpret_cast<float*>(smem + l.x_w),
+      reinterpret_cast<float*>(smem + l.v)};
 }
 
 // Step 1, thread t of [0, rows + cols): the taps of tile row t, or of tile column t - rows
@@ -413,7 +411,8 @@ TF_HOST_DEVICE TF_INLINE void tile_output(int64_t i, int64_t b, int64_t y0, int6
   for (int64_t c = 0; c < p.channels; ++c) {
     float acc = 0.0f;
     for (int64_t j = 0; j < tt.x_count[xc]; ++j) acc = fmaf(w[j], v[j * p.channels + c], acc);
-    store(b * p.osb + c * p.osc + y * p.osh + x * p.osw, fmaf(acc, affine[c].scale, affine[c].bias));
+    store(b * p.osb + c * p.osc + y * p.osh + x * p.osw,
+          fmaf(acc, affine[c].scale, affine[c].bias));
   }
 }
 

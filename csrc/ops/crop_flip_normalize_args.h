@@ -29,9 +29,8 @@ inline std::string py_float(double v) {
   return s;
 }
 
-inline void check_common(const char* op, int64_t batch, int64_t channels,
-                         const at::Device& device, const at::Tensor& grid,
-                         const at::Tensor& flips, int64_t interpolation,
+inline void check_common(const char* op, int64_t batch, int64_t channels, const at::Device& device,
+                         const at::Tensor& grid, const at::Tensor& flips, int64_t interpolation,
                          at::ArrayRef<double> mean, at::ArrayRef<double> std,
                          const at::Tensor& out) {
   TORCH_CHECK_VALUE(channels >= 1 && channels <= kMaxChannels, op,
@@ -40,8 +39,8 @@ inline void check_common(const char* op, int64_t batch, int64_t channels,
                     ": interpolation must be 0 (nearest) or 1 (bilinear), got ", interpolation);
   TORCH_CHECK_TYPE(grid.scalar_type() == at::kDouble, op, ": grid must be float64, got ",
                    grid.scalar_type());
-  TORCH_CHECK_VALUE(grid.dim() == 2 && grid.size(0) == batch && grid.size(1) == kGeomPerImage,
-                    op, ": grid must have shape [", batch, ", ", kGeomPerImage, "], got ",
+  TORCH_CHECK_VALUE(grid.dim() == 2 && grid.size(0) == batch && grid.size(1) == kGeomPerImage, op,
+                    ": grid must have shape [", batch, ", ", kGeomPerImage, "], got ",
                     grid.sizes());
   TORCH_CHECK_TYPE(flips.scalar_type() == at::kBool, op, ": flips must be bool, got ",
                    flips.scalar_type());
@@ -51,13 +50,12 @@ inline void check_common(const char* op, int64_t batch, int64_t channels,
                     ": grid and flips must be CPU tensors (the geometry is planned and checked "
                     "on the host, whatever the images' device), got ",
                     grid.device(), " and ", flips.device());
-  TORCH_CHECK_VALUE(static_cast<int64_t>(mean.size()) == channels &&
-                        static_cast<int64_t>(std.size()) == channels,
-                    op, ": mean and std must have one value per channel (", channels, "), got ",
-                    mean.size(), " and ", std.size());
+  TORCH_CHECK_VALUE(
+      static_cast<int64_t>(mean.size()) == channels && static_cast<int64_t>(std.size()) == channels,
+      op, ": mean and std must have one value per channel (", channels, "), got ", mean.size(),
+      " and ", std.size());
   for (size_t c = 0; c < std.size(); ++c) {
-    TORCH_CHECK_VALUE(std::isfinite(mean[c]), op, ": mean[", c, "] must be finite, got ",
-                      mean[c]);
+    TORCH_CHECK_VALUE(std::isfinite(mean[c]), op, ": mean[", c, "] must be finite, got ", mean[c]);
     TORCH_CHECK_VALUE(std::isfinite(std[c]) && std[c] != 0.0, op, ": std[", c,
                       "] must be finite and non-zero, got ", std[c]);
   }
@@ -102,22 +100,25 @@ struct OpArgs {
 };
 
 inline void check_image_size(const char* op, const std::string& name, int64_t h, int64_t w) {
-  TORCH_CHECK_VALUE(h >= 1 && w >= 1 && h <= kMaxImageSide && w <= kMaxImageSide, op, ": ",
-                    name, " must be 1 to ", kMaxImageSide, " pixels a side, got ", h, " x ", w);
+  TORCH_CHECK_VALUE(h >= 1 && w >= 1 && h <= kMaxImageSide && w <= kMaxImageSide, op, ": ", name,
+                    " must be 1 to ", kMaxImageSide, " pixels a side, got ", h, " x ", w);
 }
 
 // Descriptors of a dense batch [B, C, H, W] (any strides).
 inline std::vector<ImageDesc> describe_dense(const char* op, const at::Tensor& images) {
   TORCH_CHECK_TYPE(images.scalar_type() == at::kByte, op, ": images must be uint8, got ",
                    images.scalar_type());
-  TORCH_CHECK_VALUE(images.dim() == 4, op, ": images must be [B, C, H, W], got ",
-                    images.sizes());
+  TORCH_CHECK_VALUE(images.dim() == 4, op, ": images must be [B, C, H, W], got ", images.sizes());
   if (images.size(0) > 0) check_image_size(op, "images", images.size(2), images.size(3));
   std::vector<ImageDesc> d(images.size(0));
   const uint8_t* base = images.data_ptr<uint8_t>();
   for (int64_t b = 0; b < images.size(0); ++b) {
-    d[b] = ImageDesc{base + b * images.stride(0), images.size(2), images.size(3),
-                     images.stride(1), images.stride(2), images.stride(3)};
+    d[b] = ImageDesc{base + b * images.stride(0),
+                     images.size(2),
+                     images.size(3),
+                     images.stride(1),
+                     images.stride(2),
+                     images.stride(3)};
   }
   return d;
 }
@@ -137,8 +138,8 @@ inline std::vector<ImageDesc> describe_list(const char* op, at::TensorList image
                      im.scalar_type());
     TORCH_CHECK_VALUE(im.dim() == 3, op, ": ", name, " must be 3-D ", layout, ", got shape ",
                       im.sizes());
-    TORCH_CHECK_VALUE(im.size(cdim) == images[0].size(cdim), op, ": ", name, " has ",
-                      im.size(cdim), " channels but images[0] has ", images[0].size(cdim));
+    TORCH_CHECK_VALUE(im.size(cdim) == images[0].size(cdim), op, ": ", name, " has ", im.size(cdim),
+                      " channels but images[0] has ", images[0].size(cdim));
     TORCH_CHECK_VALUE(im.device() == images[0].device(), op, ": ", name, " is on ", im.device(),
                       " but images[0] is on ", images[0].device());
     check_image_size(op, name, im.size(hdim), im.size(wdim));
@@ -176,8 +177,8 @@ inline std::vector<ImageDesc> describe_packed(const char* op, const at::Tensor& 
                       c);
     check_image_size(op, name, h, w);
     // h, w < 2^24 and c <= 4: the product cannot overflow; compared without adding to offset.
-    TORCH_CHECK_VALUE(offset >= 0 && offset <= total && c * h * w <= total - offset, op, ": ",
-                      name, " (offset ", offset, ", ", c, " x ", h, " x ", w,
+    TORCH_CHECK_VALUE(offset >= 0 && offset <= total && c * h * w <= total - offset, op, ": ", name,
+                      " (offset ", offset, ", ", c, " x ", h, " x ", w,
                       ") reaches outside the buffer of ", total, " bytes");
     const uint8_t* p = base + offset;
     d[b] = images_hwc ? ImageDesc{p, h, w, 1, w * c, c} : ImageDesc{p, h, w, h * w, w, 1};
@@ -196,8 +197,8 @@ inline std::vector<ImageDesc> checked_dense(const char* op, const at::Tensor& im
 }
 
 // Every check of an op on a list of images; their descriptors.
-inline std::vector<ImageDesc> checked_list(const char* op, at::TensorList images,
-                                           bool images_hwc, const OpArgs& a) {
+inline std::vector<ImageDesc> checked_list(const char* op, at::TensorList images, bool images_hwc,
+                                           const OpArgs& a) {
   std::vector<ImageDesc> descs = describe_list(op, images, images_hwc);
   check_common(op, static_cast<int64_t>(images.size()), images[0].size(images_hwc ? 2 : 0),
                images[0].device(), a.grid, a.flips, a.interpolation, a.mean, a.std, a.out);
@@ -240,22 +241,21 @@ inline bool whole(double v) { return std::isfinite(v) && v == std::floor(v); }
 // Every value of the geometry, read on the host: finite, every tap inside its image, and no
 // index computed from it near overflow. Written so that NaN fails every comparison.
 inline void check_grid_values(const char* op, const double* grid, int64_t batch,
-                              const std::vector<ImageDesc>& images, int64_t out_h,
-                              int64_t out_w) {
+                              const std::vector<ImageDesc>& images, int64_t out_h, int64_t out_w) {
   for (int64_t b = 0; b < batch; ++b) {
     for (int axis = 0; axis < 2; ++axis) {
       const AxisGeom g = load_axis(grid + b * kGeomPerImage + axis * kGeomFields);
       const double size = static_cast<double>(axis == 0 ? images[b].height : images[b].width);
       const double out_size = static_cast<double>(axis == 0 ? out_h : out_w);
       const bool ok = std::isfinite(g.start) && std::isfinite(g.extent) && g.start >= 0 &&
-                      g.extent > 0 && g.start + g.extent <= size && whole(g.hi) &&
-                      g.hi > g.start && g.hi <= size && whole(g.out_virtual) &&
-                      g.out_virtual >= 1 && g.out_virtual <= static_cast<double>(kMaxVirtualSize) &&
+                      g.extent > 0 && g.start + g.extent <= size && whole(g.hi) && g.hi > g.start &&
+                      g.hi <= size && whole(g.out_virtual) && g.out_virtual >= 1 &&
+                      g.out_virtual <= static_cast<double>(kMaxVirtualSize) &&
                       whole(g.out_offset) && g.out_offset >= 0 &&
                       g.out_offset + out_size <= g.out_virtual;
       TORCH_CHECK_VALUE(ok, op, ": grid[", b, "] describes taps outside image ", b, " (",
-                        axis == 0 ? "height " : "width ", images[b].height * (axis == 0) +
-                                                             images[b].width * (axis == 1),
+                        axis == 0 ? "height " : "width ",
+                        images[b].height * (axis == 0) + images[b].width * (axis == 1),
                         "): start=", py_float(g.start), " extent=", py_float(g.extent),
                         " end=", py_float(g.hi), " resized=", py_float(g.out_virtual),
                         " offset=", py_float(g.out_offset), " for ", out_size, " outputs");

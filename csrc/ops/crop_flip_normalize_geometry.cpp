@@ -61,10 +61,10 @@ Sizes read_sizes(const char* op, const at::Tensor& sizes) {
 }
 
 void check_out_size(const char* op, int64_t out_h, int64_t out_w) {
-  TORCH_CHECK_VALUE(out_h >= 1 && out_w >= 1 && out_h <= cfn::kMaxImageSide &&
-                        out_w <= cfn::kMaxImageSide,
-                    op, ": the output size must be 1 to ", cfn::kMaxImageSide,
-                    " pixels a side, got (", out_h, ", ", out_w, ")");
+  TORCH_CHECK_VALUE(
+      out_h >= 1 && out_w >= 1 && out_h <= cfn::kMaxImageSide && out_w <= cfn::kMaxImageSide, op,
+      ": the output size must be 1 to ", cfn::kMaxImageSide, " pixels a side, got (", out_h, ", ",
+      out_w, ")");
 }
 
 // Crop-then-resize geometry: taps stay inside each box, as in torchvision's resized_crop.
@@ -91,8 +91,8 @@ at::Tensor resized_crop_grid(const at::Tensor& sizes, const at::Tensor& boxes, i
                  width = bx[4 * b + 3];
     // Written so that NaN fails every comparison; sizes are < 2^31, so no sum overflows.
     const bool inside = std::isfinite(top) && std::isfinite(left) && std::isfinite(height) &&
-                        std::isfinite(width) && height > 0 && width > 0 && top >= 0 &&
-                        left >= 0 && top + height <= static_cast<double>(s.h[b]) &&
+                        std::isfinite(width) && height > 0 && width > 0 && top >= 0 && left >= 0 &&
+                        top + height <= static_cast<double>(s.h[b]) &&
                         left + width <= static_cast<double>(s.w[b]);
     TORCH_CHECK_VALUE(inside, "boxes[", b, "] = [", cfn::py_float(top), ", ", cfn::py_float(left),
                       ", ", cfn::py_float(height), ", ", cfn::py_float(width),
@@ -122,9 +122,8 @@ void resized_size(int64_t h, int64_t w, int64_t resize_h, int64_t resize_w, int6
   const bool wide = w >= h;
   const int64_t shorter = wide ? h : w, longer = wide ? w : h;
   const int64_t new_short = resize_h;
-  const int64_t new_long = static_cast<int64_t>(static_cast<double>(new_short) *
-                                                static_cast<double>(longer) /
-                                                static_cast<double>(shorter));
+  const int64_t new_long = static_cast<int64_t>(
+      static_cast<double>(new_short) * static_cast<double>(longer) / static_cast<double>(shorter));
   *new_h = wide ? new_short : new_long;
   *new_w = wide ? new_long : new_short;
 }
@@ -177,14 +176,14 @@ at::Tensor sample_resized_crop(const at::Tensor& sizes, double scale_lo, double 
                                std::optional<at::Generator> generator) {
   constexpr const char* op = "sample_resized_crop";
   const Sizes s = read_sizes(op, sizes);
-  TORCH_CHECK_VALUE(std::isfinite(scale_lo) && std::isfinite(scale_hi) && scale_lo >= 0 &&
-                        scale_lo <= scale_hi,
-                    op, ": scale must be (min, max) with 0 <= min <= max, finite, got (",
-                    scale_lo, ", ", scale_hi, ")");
-  TORCH_CHECK_VALUE(std::isfinite(ratio_lo) && std::isfinite(ratio_hi) && ratio_lo > 0 &&
-                        ratio_lo <= ratio_hi,
-                    op, ": ratio must be (min, max) with 0 < min <= max, finite, got (",
-                    ratio_lo, ", ", ratio_hi, ")");
+  TORCH_CHECK_VALUE(
+      std::isfinite(scale_lo) && std::isfinite(scale_hi) && scale_lo >= 0 && scale_lo <= scale_hi,
+      op, ": scale must be (min, max) with 0 <= min <= max, finite, got (", scale_lo, ", ",
+      scale_hi, ")");
+  TORCH_CHECK_VALUE(
+      std::isfinite(ratio_lo) && std::isfinite(ratio_hi) && ratio_lo > 0 && ratio_lo <= ratio_hi,
+      op, ": ratio must be (min, max) with 0 < min <= max, finite, got (", ratio_lo, ", ", ratio_hi,
+      ")");
   const int64_t batch = static_cast<int64_t>(s.h.size());
   const auto options = at::TensorOptions().dtype(at::kDouble);
   const at::Tensor u = at::rand({batch, 10, 2}, generator, options);

@@ -14,8 +14,8 @@ namespace torchfeed::cfn {
 // extreme scale of the batch; false when none does (then the two-pass kernel runs). The span
 // bound: the taps of `cols` consecutive outputs start at most ceil(cols * scale) + 1 apart, and
 // the last one reaches max_kx further.
-inline bool plan_tiles(const double* grid, int64_t batch, const LaunchShape& p,
-                       int64_t smem_budget, TilePlan* plan) {
+inline bool plan_tiles(const double* grid, int64_t batch, const LaunchShape& p, int64_t smem_budget,
+                       TilePlan* plan) {
   double sy = 0.0, sx = 0.0;
   for (int64_t b = 0; b < batch; ++b) {
     const double* g = grid + b * kGeomPerImage;

@@ -63,8 +63,8 @@ void emulate_two_pass(const std::vector<cfn::ImageDesc>& descs, const double* gr
   const int64_t total = p.batch * p.channels * p.out_h * p.out_w;
   for (int64_t i = 0; i < total; ++i) {
     int64_t offset;
-    const float v = cfn::horizontal_element(i, grid, flips, scratch.data(), affine.data(), p,
-                                            &offset);
+    const float v =
+        cfn::horizontal_element(i, grid, flips, scratch.data(), affine.data(), p, &offset);
     o[offset] = static_cast<scalar_t>(v);
   }
 }
@@ -99,14 +99,12 @@ void emulate_one_pass(const std::vector<cfn::ImageDesc>& descs, const double* gr
         for (int64_t i = 0; i < tp.rows * tp.span * p.channels; ++i) {
           TORCH_CHECK_VALUE(cfn::tile_vertical(i, descs[b], py, px, x_lo, x_hi, p, tp, tt), op,
                             ": block (", bx, ", ", by, ", ", b, ") thread ", i,
-                            " reads outside its image or its tile (span ", tp.span,
-                            ", window ", x_hi - x_lo, ")");
+                            " reads outside its image or its tile (span ", tp.span, ", window ",
+                            x_hi - x_lo, ")");
         }
         for (int64_t i = 0; i < tp.rows * tp.cols; ++i) {
           cfn::tile_output(i, b, y0, x0, x_lo, affine.data(), p, tp, tt,
-                           [o](int64_t offset, float v) {
-                             o[offset] = static_cast<scalar_t>(v);
-                           });
+                           [o](int64_t offset, float v) { o[offset] = static_cast<scalar_t>(v); });
         }
       }
     }
@@ -131,8 +129,8 @@ int64_t emulate_crop_flip_normalize_list_out(at::TensorList images, const at::Te
   const cfn::LaunchShape p = cfn::launch_shape(descs, out, interpolation, antialias);
   const std::vector<cfn::ChannelAffine> affine = cfn::channel_affine(mean, std);
   cfn::TilePlan tp{};
-  const bool tiles = kernel != 2 && cfn::plan_tiles(g.data_ptr<double>(), p.batch, p,
-                                                    smem_budget, &tp);
+  const bool tiles =
+      kernel != 2 && cfn::plan_tiles(g.data_ptr<double>(), p.batch, p, smem_budget, &tp);
   TORCH_CHECK_VALUE(tiles || kernel != 1, op, ": no tile of the one-pass kernel fits in ",
                     smem_budget, " bytes for this batch");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "emulate", [&] {

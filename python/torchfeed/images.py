@@ -68,7 +68,9 @@ def image_shapes(images: Sequence[Tensor], layout: Layout) -> list[tuple[int, in
                 f"{images[0].dtype} on {images[0].device}"
             )
     return [
-        tuple(im.shape) if layout == "CHW" else (im.shape[2], im.shape[0], im.shape[1])
+        (im.shape[0], im.shape[1], im.shape[2])
+        if layout == "CHW"
+        else (im.shape[2], im.shape[0], im.shape[1])
         for im in images
     ]
 
@@ -89,7 +91,7 @@ class RaggedImages:
         check_layout(layout)
         if not isinstance(data, Tensor) or data.dim() != 1:
             raise TypeError("data must be a 1-D tensor holding the packed images")
-        shapes = [tuple(int(v) for v in s) for s in shapes]
+        shapes = [tuple(int(v) for v in s) for s in shapes]  # type: ignore[misc]
         for i, s in enumerate(shapes):
             if len(s) != 3 or min(s) < 0:
                 raise ValueError(f"shapes[{i}] must be (C, H, W) with sizes >= 0, got {s}")
@@ -127,7 +129,8 @@ class RaggedImages:
         """Images of checked ``shapes`` over ``data`` without checking it: a buffer that is
         not written yet (a :class:`torchfeed.tree.Lazy` that a ring fills)."""
         out = object.__new__(cls)
-        out.data, out.layout, out._shapes = data, layout, tuple(tuple(s) for s in shapes)
+        out.data, out.layout = data, layout
+        out._shapes = tuple((int(c), int(h), int(w)) for c, h, w in shapes)
         out._offsets = tuple(itertools.accumulate((c * h * w for c, h, w in shapes), initial=0))
         out._packed = None
         return out
@@ -194,8 +197,9 @@ class RaggedImages:
         self.data, self.layout, self._shapes, self._offsets = state
         self._packed = None
 
-    def to(self, *args, non_blocking: bool = False, **kwargs) -> RaggedImages:
-        return self.with_tensors((self.data.to(*args, non_blocking=non_blocking, **kwargs),))
+    def to(self, *args: Any, non_blocking: bool = False, **kwargs: Any) -> RaggedImages:
+        data = self.data.to(*args, non_blocking=non_blocking, **kwargs)  # type: ignore[call-overload]
+        return self.with_tensors((data,))
 
     def pin_memory(self) -> RaggedImages:
         return self.with_tensors((self.data.pin_memory(),))

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchfeed.limits import check_image_pixels
 from torchfeed.ops import decode_jpeg_window as _op
 from torchfeed.ops.decode_jpeg_window import Box, check_box, decode_whole
 from torchfeed.sampling import check_generator, check_range, resized_crop_box
@@ -68,12 +69,21 @@ def as_encoded(data: Any, name: str = "data") -> Tensor:
     )
 
 
-def _slice_window(image: Tensor, box: Box) -> Tensor:
+def _slice_window(image: Tensor, box: Any) -> Tensor:
     """The window of a whole decoded image, copied into HWC memory order (the window decoder's
     and torchvision's decoder's order), so ragged collation stays a plain copy."""
     top, left, h, w = check_box(box, image.shape[1], image.shape[2])
     hwc = image.permute(1, 2, 0)[top : top + h, left : left + w]
     return hwc.contiguous().permute(2, 0, 1)
+
+
+def _decodable_header(data: Tensor) -> tuple[int, int] | None:
+    """The JPEG's (height, width) when the window decoder takes it, after checking the size it
+    declares against torchfeed.limits (before anything is allocated); None: the fallback."""
+    header = _op.jpeg_header(data)
+    if header is not None:
+        check_image_pixels(*header, "the JPEG")
+    return header
 
 
 def image_size(data: Any) -> tuple[int, int]:
@@ -93,7 +103,7 @@ def decode_window(data: Any, box: Sequence[int] | Tensor) -> Tensor:
     the window is decoded; the result equals ``decode_image(data, RGB)[:, top:top+height,
     left:left+width]`` exactly."""
     data = as_encoded(data)
-    header = _op.jpeg_header(data)
+    header = _decodable_header(data)
     if header is None:
         return _slice_window(decode_whole(data), box)
     top, left, h, w = check_box(box, *header)
@@ -126,10 +136,11 @@ class DecodeRandomCrop:
 
     def __call__(self, data: Any) -> Tensor | tuple[Tensor, Box]:
         data = as_encoded(data)
-        header = _op.jpeg_header(data)
+        header = _decodable_header(data)
         if header is None:
             image = decode_whole(data)
-            box = resized_crop_box(*image.shape[1:], self.scale, self.ratio, self.generator)
+            height, width = image.shape[1], image.shape[2]
+            box = resized_crop_box(height, width, self.scale, self.ratio, self.generator)
             window = _slice_window(image, box)
         else:
             box = resized_crop_box(*header, self.scale, self.ratio, self.generator)

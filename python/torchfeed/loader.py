@@ -21,6 +21,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from torchfeed.memory._fences import check_timeout
 from torchfeed.memory.shared_ring import RingHandle, SharedRing
 from torchfeed.tree import tensors_of
 
@@ -32,7 +33,7 @@ def _bind(collate_fn: Callable, ring: SharedRing | None) -> Callable:
     if hasattr(collate_fn, "with_shared_ring"):
         return collate_fn.with_shared_ring(ring)
     bound = copy.copy(collate_fn)  # the 0.1 protocol: a `ring` attribute (deprecated)
-    bound.ring = ring
+    bound.ring = ring  # type: ignore[attr-defined]
     return bound
 
 
@@ -77,6 +78,13 @@ class ZeroCopyLoader(DataLoader):
                 f"zero_copy over a {type(dataset).__name__} (not a map-style dataset, which it "
                 "could index to measure a first batch) needs ring_capacity=<bytes>"
             )
+        check_timeout(ring_timeout, "ring_timeout")
+        if ring_capacity is not None and (
+            isinstance(ring_capacity, bool)
+            or not isinstance(ring_capacity, int)
+            or ring_capacity < 1
+        ):
+            raise ValueError(f"ring_capacity must be a positive int (bytes), got {ring_capacity!r}")
         super().__init__(dataset, collate_fn=_bind(collate_fn, None), **kwargs)
         self._unbound_collate = collate_fn
         self.shared_ring: SharedRing | None = None
@@ -92,7 +100,8 @@ class ZeroCopyLoader(DataLoader):
     def _make_ring(self) -> None:
         capacity = self._ring_capacity
         if capacity is None:
-            first = [self.dataset[i] for i in range(min(self.batch_size or 1, len(self.dataset)))]
+            size = len(self.dataset)  # type: ignore[arg-type]  # map-style: checked in __init__
+            first = [self.dataset[i] for i in range(min(self.batch_size or 1, size))]
             nbytes = sum(
                 t.numel() * t.element_size() for t in tensors_of(self._unbound_collate(first))
             )
@@ -101,7 +110,7 @@ class ZeroCopyLoader(DataLoader):
         self.shared_ring = SharedRing(capacity, timeout=self._ring_timeout)
         self.collate_fn = _bind(self._unbound_collate, self.shared_ring)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self.num_workers == 0:
             return super().__iter__()
         if self.shared_ring is None:

@@ -145,6 +145,7 @@ class DevicePrefetcher:
             # Zero copy: the workers wrote the batch into page-locked shared memory. Copy it as it
             # is and fence its regions (once each); staging it again would only add a copy.
             on_device = map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
+            assert self.stream is not None  # a CUDA device has one
             memory.record_copies(tensors_of(batch), self.stream)
             return on_device
         leaves = tensors_of(batch)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -106,9 +107,9 @@ class RaggedBatch:
         out._host_offsets = self._host_offsets
         return out
 
-    def to(self, *args, non_blocking: bool = False, **kwargs) -> RaggedBatch:
+    def to(self, *args: Any, non_blocking: bool = False, **kwargs: Any) -> RaggedBatch:
         """Moves values and offsets (``Tensor.to`` arguments); the host lengths come along."""
-        values = self.values.to(*args, non_blocking=non_blocking, **kwargs)
+        values = self.values.to(*args, non_blocking=non_blocking, **kwargs)  # type: ignore[call-overload]
         offsets = self.offsets.to(values.device, non_blocking=non_blocking)
         return self.with_tensors((values, offsets))
 

@@ -4,6 +4,7 @@ targets (boxes, masks) that follow their image."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -131,9 +132,12 @@ class _BatchTransform(v2.Transform):
                 + (f" of length {len(targets)}" if isinstance(targets, Sequence) else "")
             )
         return [
-            _map_leaves(t, lambda leaf, b=b: self._transform_leaf(leaf, b, params))
+            _map_leaves(t, functools.partial(self._leaf, b=b, params=params))
             for b, t in enumerate(targets)
         ]
+
+    def _leaf(self, leaf: Any, b: int, params: dict) -> Any:
+        return self._transform_leaf(leaf, b, params)
 
 
 def _is_image_batch(obj: Any) -> bool:

@@ -106,8 +106,8 @@ int64_t blocks_for(int64_t total) {
 // ---- the launch ---------------------------------------------------------------------------------
 
 void run(const char* op, const std::vector<ImageDesc>& descs, const at::Tensor& grid,
-         const at::Tensor& flips, int64_t interpolation, bool antialias,
-         at::ArrayRef<double> mean, at::ArrayRef<double> std, at::Tensor& out) {
+         const at::Tensor& flips, int64_t interpolation, bool antialias, at::ArrayRef<double> mean,
+         at::ArrayRef<double> std, at::Tensor& out) {
   const int64_t batch = static_cast<int64_t>(descs.size());
   const at::Tensor g = grid.contiguous();
   const at::Tensor f = flips.contiguous();
@@ -151,8 +151,8 @@ void run(const char* op, const std::vector<ImageDesc>& descs, const at::Tensor& 
         at::kHalf, at::kBFloat16, out.scalar_type(), "crop_flip_normalize", [&] {
           auto kernel = one_pass_kernel<scalar_t>;
           if (smem > 48 * 1024) {
-            C10_CUDA_CHECK(cudaFuncSetAttribute(
-                kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+            C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(smem)));
           }
           kernel<<<blocks, kThreads, smem, stream>>>(d_descs, d_grid, d_flips,
                                                      out.data_ptr<scalar_t>(), affines, p, tp);
@@ -176,8 +176,8 @@ void run(const char* op, const std::vector<ImageDesc>& descs, const at::Tensor& 
 void crop_flip_normalize_out_cuda(const at::Tensor& images,  // [B, C, H, W] uint8, any strides
                                   const at::Tensor& grid,    // [B, 10] float64, host
                                   const at::Tensor& flips,   // [B] bool, host
-                                  int64_t interpolation, bool antialias,
-                                  at::ArrayRef<double> mean, at::ArrayRef<double> std,
+                                  int64_t interpolation, bool antialias, at::ArrayRef<double> mean,
+                                  at::ArrayRef<double> std,
                                   at::Tensor& out) {  // [B, C, H_out, W_out] float
   constexpr const char* op = "crop_flip_normalize";
   const std::vector<ImageDesc> descs =

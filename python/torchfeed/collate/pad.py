@@ -180,7 +180,7 @@ class PadCollate:
         )
 
     @staticmethod
-    def _check_kinds(batch: Sequence[Any], kind: type, what: str) -> None:
+    def _check_kinds(batch: Sequence[Any], kind: Any, what: str) -> None:
         for i, sample in enumerate(batch):
             if not isinstance(sample, kind):
                 raise TypeError(

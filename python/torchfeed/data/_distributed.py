@@ -15,7 +15,22 @@ def rank_and_world_size() -> tuple[int, int]:
     WORLD_SIZE that torchrun sets (a spawned DataLoader worker has no process group); else 0, 1."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    values = {}
+    for name, default in (("RANK", "0"), ("WORLD_SIZE", "1")):
+        text = os.environ.get(name, default)
+        try:
+            values[name] = int(text)
+        except ValueError:
+            raise ValueError(
+                f"the environment variable {name} must be an integer, got {text!r}"
+            ) from None
+    rank, world = values["RANK"], values["WORLD_SIZE"]
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(
+            f"RANK={rank} and WORLD_SIZE={world} (environment) must satisfy 0 <= RANK < "
+            "WORLD_SIZE: a rank outside the world would read another rank's data"
+        )
+    return rank, world
 
 
 def worker_and_count() -> tuple[int, int]:

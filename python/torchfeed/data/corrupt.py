@@ -56,6 +56,11 @@ class SkipCorrupt(Dataset):
 
     def __getitem__(self, i: int) -> Any:
         n = len(self)
+        if isinstance(i, bool) or not isinstance(i, int | np.integer):
+            raise TypeError(f"SkipCorrupt index must be an int, got {type(i).__name__}")
+        if not -n <= i < n:  # also ends iteration by __getitem__ (list(), for ... in)
+            raise IndexError(f"SkipCorrupt index {i} out of range for a dataset of {n} samples")
+        i = int(i) % n
         tried = []
         for k in range(self.max_retries + 1):
             j = (i + k) % n

@@ -98,6 +98,12 @@ class ShardedIterableDataset(IterableDataset):
                 f"({world} rank(s) x {workers} worker(s)): some would read nothing; use fewer "
                 "workers, more shards, or mode='sample'"
             )
+        if self.uneven == "drop" and len(self.items) < consumers:
+            raise ValueError(
+                f"ShardedIterableDataset: {len(self.items)} samples for {consumers} consumers "
+                f"({world} rank(s) x {workers} worker(s)) with uneven='drop': every consumer "
+                "would read nothing; use uneven='pad', fewer workers, or more samples"
+            )
         order = list(range(len(self.items)))
         if self.shuffle:
             random.Random(derive_seed(self.seed, self.epoch)).shuffle(order)

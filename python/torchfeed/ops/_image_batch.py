@@ -80,10 +80,11 @@ class ImageBatch:
             return torch.tensor([[h, w]], dtype=torch.int64).expand(self.size, 2)
         if self.shapes is not None:
             return self.shapes[:, 2:4]
+        images = self.images or []
         try:
-            return torch.ops.torchfeed.image_sizes(self.images, self.hwc)
+            return torch.ops.torchfeed.image_sizes(images, self.hwc)
         except (TypeError, ValueError, RuntimeError):
-            _explain(self.images, self.hwc)  # the same checks, in Python's words
+            _explain(images, self.hwc)  # the same checks, in Python's words
             raise
 
 

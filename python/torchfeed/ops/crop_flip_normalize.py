@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -29,6 +29,7 @@ from torchvision.transforms.v2 import InterpolationMode
 
 from torchfeed._output_buffer import OutputBuffer
 from torchfeed.images import Layout, RaggedImages, check_layout
+from torchfeed.limits import check_image_pixels
 from torchfeed.ops._dispatch import has_kernel, read_kernels, warn_fallback
 from torchfeed.ops._image_batch import ImageBatch, check_flips, host_parameter
 
@@ -78,7 +79,9 @@ def size_pair(size: int | Sequence[int], name: str = "size") -> tuple[int, int]:
         raise TypeError(f"{name} must be an int or (height, width) of ints, got {size!r}")
     if min(pair) <= 0:
         raise ValueError(f"{name} must be positive, got {pair}")
-    return pair  # type: ignore[return-value]
+    # an output is allocated per call: a typo (22400 for 224) must not silently take gigabytes
+    check_image_pixels(pair[0], pair[1], f"{name} {pair}")
+    return pair[0], pair[1]
 
 
 def resize_arg(resize: int | Sequence[int]) -> int | list[int]:
@@ -114,8 +117,8 @@ class ImageOptions:
     the InterpolationMode), ``antialias``, the output ``dtype`` (float32, float16 or bfloat16),
     ``channels_last`` output, and the ``image_layout`` of the inputs ("CHW" or "HWC")."""
 
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
+    mean: Sequence[float] | float
+    std: Sequence[float] | float
     interpolation: str | InterpolationMode = "bilinear"
     antialias: bool = True
     dtype: torch.dtype = torch.float32
@@ -125,7 +128,7 @@ class ImageOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "mean", _channel_values("mean", self.mean))
         object.__setattr__(self, "std", _channel_values("std", self.std))
-        for c, s in enumerate(self.std):
+        for c, s in enumerate(self.std):  # type: ignore[arg-type]  # a tuple, after the above
             if s == 0:
                 raise ValueError(f"std[{c}] is 0: normalize would divide by zero")
         try:
@@ -155,7 +158,8 @@ class ImageOptions:
     def per_channel(self, channels: int) -> tuple[list[float], list[float]]:
         """mean and std with one value per channel."""
         values = []
-        for name, seq in (("mean", self.mean), ("std", self.std)):
+        pairs: tuple[tuple[str, Any], ...] = (("mean", self.mean), ("std", self.std))
+        for name, seq in pairs:
             if len(seq) == 1:
                 seq = seq * channels
             if len(seq) != channels:
@@ -208,7 +212,7 @@ def run(
     """Runs the op on a batch with its geometry (``grid`` ``[B, 10]`` float64 and ``flips``
     ``[B]`` bool, on the host), into ``out`` (checked here) or a new (or ``buffer``'s reused)
     output."""
-    channels = batch.channels or len(options.mean)
+    channels = batch.channels or len(cast(tuple, options.mean))  # validated: a tuple
     mean, std = options.per_channel(channels)
     shape = (len(batch), channels, *out_size)
     device = batch.device

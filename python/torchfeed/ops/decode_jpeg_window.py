@@ -17,6 +17,7 @@ from torch import Tensor
 from torchvision.io import ImageReadMode, decode_image
 
 from torchfeed._extension import C
+from torchfeed.limits import check_image_pixels, max_image_pixels
 from torchfeed.ops._dispatch import read_kernels
 
 __all__ = [
@@ -49,8 +50,22 @@ def jpeg_header(data: Tensor) -> tuple[int, int] | None:
 
 
 def decode_whole(data: Tensor) -> Tensor:
-    """The fallback: torchvision decodes the whole image (RGB)."""
+    """The fallback: torchvision decodes the whole image (RGB), after checking the size its
+    header declares (JPEG, PNG) against :func:`torchfeed.limits.max_image_pixels`."""
+    size = png_size(data) or _jpeg_size(data)
+    if size is not None:
+        check_image_pixels(*size, "the image")
     return decode_image(data, mode=ImageReadMode.RGB)
+
+
+def _jpeg_size(data: Tensor) -> tuple[int, int] | None:
+    if not WINDOW_DECODER or data.numel() < 4 or bytes(data[:3].tolist()) != _JPEG_MAGIC:
+        return None
+    try:
+        height, width, _, _ = C.jpeg_info(data)
+    except RuntimeError:
+        return None
+    return height, width
 
 
 def check_box(box: Any, height: int, width: int) -> Box:
@@ -69,14 +84,27 @@ def check_box(box: Any, height: int, width: int) -> Box:
 
 def decode_jpeg_window(data: Tensor, box: Box) -> Tensor:
     """``torch.ops.torchfeed.decode_jpeg_window`` on a box already checked against the header:
-    uint8 ``[3, height, width]`` in HWC memory order."""
-    return torch.ops.torchfeed.decode_jpeg_window(data, *box)
+    uint8 ``[3, height, width]`` in HWC memory order. The op refuses a JPEG that declares more
+    than :func:`torchfeed.limits.max_image_pixels` pixels, and corrupt data in the rows it
+    decodes."""
+    limit = max_image_pixels()
+    return torch.ops.torchfeed.decode_jpeg_window(data, *box, -1 if limit is None else limit)
+
+
+def png_size(data: Tensor) -> tuple[int, int] | None:
+    """(height, width) from a PNG's IHDR chunk, or None if ``data`` is not a PNG."""
+    if data.numel() < 24 or bytes(data[:8].tolist()) != b"\x89PNG\r\n\x1a\n":
+        return None
+    ihdr = bytes(data[12:24].tolist())
+    if ihdr[:4] != b"IHDR":
+        return None
+    return int.from_bytes(ihdr[8:12], "big"), int.from_bytes(ihdr[4:8], "big")
 
 
 if WINDOW_DECODER:
 
     @torch.library.register_fake("torchfeed::decode_jpeg_window")
-    def _decode_jpeg_window_fake(data, top, left, height, width):
+    def _decode_jpeg_window_fake(data, top, left, height, width, max_pixels=89478485):
         return data.new_empty((height, width, 3)).permute(2, 0, 1)
 
 

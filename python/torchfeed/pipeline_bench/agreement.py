@@ -39,7 +39,7 @@ def check_agreement(files: Sequence[Path], count: int = 8) -> dict[str, float]:
     readable = decodable(files, count)
     images = [image for _, _, image in readable]
     g = torch.Generator().manual_seed(0)
-    boxes = sample_resized_crop_params([tuple(i.shape[1:]) for i in images], generator=g)
+    boxes = sample_resized_crop_params([(i.shape[1], i.shape[2]) for i in images], generator=g)
     flips = sample_flips(len(images), 0.5, g)
     ours = crop_flip_normalize(images, boxes, flips, SIZE, mean=MEAN, std=STD)
     theirs = crop_flip_normalize_torchvision(

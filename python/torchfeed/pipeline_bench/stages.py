@@ -94,9 +94,9 @@ def stage_breakdown(
     read_decode = _median_ms(
         lambda: [decode_image(read_file(str(f)), mode=ImageReadMode.RGB) for f in files], repeat
     )
-    crop_decode = DecodeRandomCrop(generator=torch.Generator().manual_seed(0))
+    crop_decode = DecodeRandomCrop(generator=torch.Generator().manual_seed(0))  # windows only
     read_window = _median_ms(lambda: [crop_decode(read_file(str(f))) for f in files], repeat)
-    windows = [crop_decode(read_file(str(f))) for f in files]
+    windows: list[torch.Tensor] = [crop_decode(read_file(str(f))) for f in files]  # type: ignore[misc]
     ragged_windows = RaggedImages.from_images(windows)
     resize = ResizeFlipNormalize(SIZE, mean=MEAN, std=STD)
     fused_ms = _median_ms(lambda: fused(ragged), repeat)

@@ -94,8 +94,8 @@ def check_pipelines_agree(dataset: TokenDataset, batch_size: int) -> None:
     batch = [dataset[i] for i in range(min(batch_size, len(dataset)))]
     static = static_collate(batch)
     dynamic = dynamic_collate(batch)
-    ours = PIPELINES["text: torchfeed PadCollate"](batch)
-    packed = PIPELINES["text: torchfeed PadCollate packed"](batch)
+    ours = torchfeed_collate()(batch)
+    packed = torchfeed_collate(packed=True)(batch)
     width = dynamic["input_ids"].shape[1]
     for key in ("input_ids", "attention_mask", "labels"):
         if not torch.equal(ours[key], dynamic[key]) or not torch.equal(
