@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 
 import torchfeed
+
+# CI runs every property test on the same examples (a red CI must be reproducible); a local run
+# explores new ones each time.
+settings.register_profile("ci", derandomize=True, deadline=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(params=["avx2", "baseline"])

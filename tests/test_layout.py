@@ -12,7 +12,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "torchfeed"
 MAX_LINES = 450
-MAX_CHAIN = 8  # modules in the longest chain of top-level imports (it was 12)
+MAX_CHAIN = 9  # modules in the longest chain of top-level imports (it was 12)
 # Imports inside functions that are there for start-up time, not for a cycle: the command line
 # imports its heavy subcommands only when they run.
 LAZY_OK = {"torchfeed.cli"}

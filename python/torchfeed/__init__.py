@@ -16,7 +16,7 @@ from torchfeed._extension import build_info
 from torchfeed.collate import ImageCollate, PadCollate
 from torchfeed.images import RaggedImages
 from torchfeed.io import DecodeRandomCrop, decode_window
-from torchfeed.loader import ZeroCopyLoader, loader
+from torchfeed.loader import ResumableLoader, ZeroCopyLoader, loader
 from torchfeed.memory import PinnedRing, SharedRing
 from torchfeed.ops.crop_flip_normalize import crop_flip_normalize, resize_center_crop_normalize
 from torchfeed.ops.pad import Padded, pad, pad_packed
@@ -34,6 +34,7 @@ __all__ = [
     "PinnedRing",
     "RaggedBatch",
     "RaggedImages",
+    "ResumableLoader",
     "SharedRing",
     "ZeroCopyLoader",
     "__version__",

@@ -19,13 +19,14 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import IterableDataset
 
 from torchfeed.memory._fences import check_timeout
 from torchfeed.memory.shared_ring import RingHandle, SharedRing
+from torchfeed.resumable import ResumableLoader
 from torchfeed.tree import tensors_of
 
-__all__ = ["ZeroCopyLoader", "loader"]
+__all__ = ["ResumableLoader", "ZeroCopyLoader", "loader"]
 
 
 def _bind(collate_fn: Callable, ring: SharedRing | None) -> Callable:
@@ -37,7 +38,7 @@ def _bind(collate_fn: Callable, ring: SharedRing | None) -> Callable:
     return bound
 
 
-class ZeroCopyLoader(DataLoader):
+class ZeroCopyLoader(ResumableLoader):
     """A DataLoader whose workers collate straight into a :class:`SharedRing`.
 
     ``collate_fn`` must be ring-aware: :class:`~torchfeed.PadCollate`,
@@ -110,16 +111,16 @@ class ZeroCopyLoader(DataLoader):
         self.shared_ring = SharedRing(capacity, timeout=self._ring_timeout)
         self.collate_fn = _bind(self._unbound_collate, self.shared_ring)
 
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+    def _make_iterator(self) -> Iterator[Any]:
         if self.num_workers == 0:
-            return super().__iter__()
+            return super()._make_iterator()
         if self.shared_ring is None:
             self._make_ring()  # before the workers start: they map it when they do
         ring = self.shared_ring
         assert ring is not None
         ring.reclaim_dead()  # regions of workers lost in an earlier epoch
         start = ring.next_generation()
-        it = super().__iter__()  # persistent workers: the previous epoch's leftovers are dropped
+        it = super()._make_iterator()  # persistent workers: the previous epoch's leftovers go
         # Batches written for an earlier epoch and never handed out (discarded by the
         # DataLoader's reset, or lost with a dead worker) can never be unpacked: free them.
         # (One iterator per loader at a time, as with persistent workers.)
@@ -142,14 +143,14 @@ class _Unpacking:
         return len(self._it)  # type: ignore[arg-type]
 
 
-def loader(dataset, *, zero_copy: bool = False, **kwargs: Any) -> DataLoader:
-    """A DataLoader; with ``zero_copy=True`` its workers collate straight into a shared,
+def loader(dataset, *, zero_copy: bool = False, **kwargs: Any) -> ResumableLoader:
+    """A DataLoader with mid-epoch checkpoints (:class:`ResumableLoader`: ``state_dict()`` /
+    ``load_state_dict()``); with ``zero_copy=True`` its workers collate straight into a shared,
     page-locked ring (:class:`ZeroCopyLoader`)."""
     if zero_copy:
         return ZeroCopyLoader(dataset, **kwargs)
     collate_fn = kwargs.get("collate_fn")
     if collate_fn is not None and getattr(collate_fn, "shared_ring", None) is not None:
-        kwargs["collate_fn"] = collate_fn.with_shared_ring(
-            None
-        )  # an ordinary loader unpacks nothing
-    return DataLoader(dataset, **kwargs)
+        # an ordinary loader unpacks nothing: a copy that collates as usual
+        kwargs["collate_fn"] = collate_fn.with_shared_ring(None)
+    return ResumableLoader(dataset, **kwargs)

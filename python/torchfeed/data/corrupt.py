@@ -75,6 +75,21 @@ class SkipCorrupt(Dataset):
             f"(indices {tried}); last error: {type(last).__name__}: {last}"
         ) from last
 
+    def state_dict(self) -> dict[str, Any]:
+        """The samples that failed so far (a loader's checkpoint carries them)."""
+        return {"kind": "SkipCorrupt", "length": len(self), "skipped": self.skipped_indices}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != "SkipCorrupt" or state.get("length") != len(self):
+            raise ValueError(
+                "SkipCorrupt.load_state_dict: not the state of a SkipCorrupt of "
+                f"{len(self)} samples"
+            )
+        self._failed.zero_()
+        for i in state["skipped"]:
+            byte, bit = divmod(int(i), 8)
+            self._failed[byte] |= 1 << bit
+
     @property
     def skipped_indices(self) -> list[int]:
         bits = np.unpackbits(self._failed.numpy(), bitorder="little")[: len(self)]

@@ -36,6 +36,14 @@ class WorkerSeeder:
         self.rank = rank_and_world_size()[0] if rank is None else int(rank)
         self.then = then
 
+    def state_dict(self) -> dict[str, int]:
+        """The seeder's own state: its rank (the streams follow from the loader's seed, which
+        torchfeed.loader saves, the rank and the worker)."""
+        return {"rank": self.rank}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.rank = int(state["rank"])
+
     def __call__(self, worker_id: int) -> None:
         info = get_worker_info()
         base = info.seed if info is not None else torch.initial_seed()

@@ -1,4 +1,5 @@
-"""Rank x worker sharding of iterable datasets, with the same number of samples on every rank."""
+"""Rank x worker sharding of iterable datasets, with the same number of samples on every rank,
+and checkpoints that resume mid-epoch on the same or on another world size."""
 
 from __future__ import annotations
 
@@ -6,31 +7,25 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
 from torchfeed.data._distributed import rank_and_world_size, worker_and_count
+from torchfeed.data.plan import EpochPlan, epoch_order, split_for_consumer
 from torchfeed.data.seeding import derive_seed
 
-__all__ = ["ShardedIterableDataset", "split_for_consumer"]
+__all__ = ["ShardedIterableDataset", "seed_sample", "split_for_consumer"]
 
 
-def split_for_consumer(
-    items: Sequence[Any],
-    consumer: int,
-    consumers: int,
-    uneven: Literal["drop", "pad"] = "drop",
-) -> list[Any]:
-    """Consumer ``consumer`` of ``consumers``: every ``consumers``-th item, all consumers getting
-    the same count: ``"drop"`` leaves out the last ``len % consumers`` items, ``"pad"`` repeats
-    items from the start so that nothing is left out."""
-    if uneven not in ("drop", "pad"):
-        raise ValueError(f"uneven must be 'drop' or 'pad', got {uneven!r}")
-    n = len(items)
-    per = n // consumers if uneven == "drop" else -(-n // consumers)
-    if uneven == "pad" and n == 0:
-        per = 0
-    return [items[(consumer + k * consumers) % n] for k in range(per)]
+def seed_sample(seed: int, epoch: int, item: int, sample: int) -> None:
+    """Seeds torch, numpy and random for one sample from what it is (the seed, the epoch, its
+    item and its place in the item), not from where it is read: its augmentation is then the
+    same whichever rank or worker reads it, before or after a resume."""
+    s = derive_seed(seed, epoch, item, sample)
+    torch.manual_seed(s)
+    np.random.seed(s % (1 << 32))
+    random.seed(s)
 
 
 class ShardedIterableDataset(IterableDataset):
@@ -40,7 +35,8 @@ class ShardedIterableDataset(IterableDataset):
 
     - ``mode="shard"``: ``items`` are shards (files, URLs); each consumer opens whole shards
       with ``open_item(shard)`` (an iterable of samples). There must be at least as many shards
-      as consumers (``world_size * num_workers``).
+      as consumers (``world_size * num_workers``). ``item_lengths`` (the samples per shard, if
+      known) lets a checkpoint resume inside a shard on another world size.
     - ``mode="sample"``: ``items`` are samples (or references that ``open_item`` turns into one
       sample each), dealt out one by one.
 
@@ -48,6 +44,17 @@ class ShardedIterableDataset(IterableDataset):
     length, set ``samples_per_epoch`` (per consumer): each consumer then yields exactly that many
     samples, cycling through its items if needed, which also bounds an epoch of an infinite or
     very long stream; every epoch restarts from its own shuffled order.
+
+    ``seed_samples=True`` seeds torch/numpy/random before each sample from (seed, epoch, item,
+    sample) (:func:`seed_sample`): random augmentations then follow the sample, so a resumed run
+    draws exactly what the uninterrupted one drew.
+
+    Checkpoints: ``torchfeed.loader`` (and ``ZeroCopyLoader``) save and restore this dataset's
+    position with their own ``state_dict``; inside torchdata's ``StatefulDataLoader`` each
+    worker's copy saves its own (:meth:`state_dict`, :meth:`load_state_dict`). Resuming with the
+    same world size and workers continues the epoch as if never stopped; with others, every
+    sample not yet consumed in the epoch is read exactly once (shares within one sample of
+    each other) and the next epoch is balanced again.
 
     ``set_epoch`` reaches persistent workers too: the epoch lives in shared memory.
     """
@@ -62,15 +69,29 @@ class ShardedIterableDataset(IterableDataset):
         shuffle: bool = True,
         seed: int = 0,
         samples_per_epoch: int | None = None,
+        item_lengths: Sequence[int] | None = None,
+        seed_samples: bool = False,
     ) -> None:
         if mode not in ("shard", "sample"):
             raise ValueError(f"mode must be 'shard' or 'sample', got {mode!r}")
         if uneven not in ("drop", "pad"):
             raise ValueError(f"uneven must be 'drop' or 'pad', got {uneven!r}")
-        if samples_per_epoch is not None and samples_per_epoch < 1:
-            raise ValueError(f"samples_per_epoch must be >= 1, got {samples_per_epoch}")
+        if samples_per_epoch is not None and (
+            isinstance(samples_per_epoch, bool)
+            or not isinstance(samples_per_epoch, int)
+            or samples_per_epoch < 1
+        ):
+            raise ValueError(f"samples_per_epoch must be >= 1 (an int), got {samples_per_epoch!r}")
         if len(items) == 0:
             raise ValueError("items must not be empty")
+        if item_lengths is not None:
+            if mode != "shard":
+                raise ValueError("item_lengths is for mode='shard' (a sample has length 1)")
+            item_lengths = [int(n) for n in item_lengths]
+            if len(item_lengths) != len(items) or any(n < 0 for n in item_lengths):
+                raise ValueError(
+                    f"item_lengths must give a count >= 0 for each of the {len(items)} items"
+                )
         self.items = list(items)
         self.open_item = open_item
         self.mode = mode
@@ -78,7 +99,12 @@ class ShardedIterableDataset(IterableDataset):
         self.shuffle = shuffle
         self.seed = int(seed)
         self.samples_per_epoch = samples_per_epoch
+        self.item_lengths = item_lengths
+        self.seed_samples = bool(seed_samples)
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._resume: dict[str, Any] | None = None  # a checkpoint to continue from
+        self._yielded = 0  # in a worker: samples this consumer's iterator has yielded
+        self._consumer: int | None = None  # in a worker: the consumer it reads
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch[0] = int(epoch)
@@ -87,11 +113,19 @@ class ShardedIterableDataset(IterableDataset):
     def epoch(self) -> int:
         return int(self._epoch[0])
 
-    def consumer_items(self) -> list[Any]:
-        """The items this (rank, worker) reads this epoch."""
-        rank, world = rank_and_world_size()
-        worker, workers = worker_and_count()
-        consumers = world * workers
+    # --- the plan ---------------------------------------------------------------------------------
+    def _order(self, epoch: int) -> list[int]:
+        return epoch_order(len(self.items), self.seed, epoch, self.shuffle)
+
+    def _lengths(self, order: list[int]) -> list[int] | None:
+        """Samples per item in epoch order; None when unknown (shards without item_lengths)."""
+        if self.mode == "sample":
+            return [1] * len(order)
+        if self.item_lengths is None:
+            return None
+        return [self.item_lengths[i] for i in order]
+
+    def _check_consumers(self, consumers: int, world: int, workers: int) -> None:
         if self.mode == "shard" and len(self.items) < consumers:
             raise ValueError(
                 f"ShardedIterableDataset: {len(self.items)} shards for {consumers} consumers "
@@ -104,35 +138,246 @@ class ShardedIterableDataset(IterableDataset):
                 f"({world} rank(s) x {workers} worker(s)) with uneven='drop': every consumer "
                 "would read nothing; use uneven='pad', fewer workers, or more samples"
             )
-        order = list(range(len(self.items)))
-        if self.shuffle:
-            random.Random(derive_seed(self.seed, self.epoch)).shuffle(order)
+
+    def plan(self, consumers: int, epoch: int | None = None) -> EpochPlan | None:
+        """The epoch's plan over ``consumers`` consumers, the checkpoint being resumed included
+        (None for shards of unknown length, or samples_per_epoch: their streams are only
+        known by reading them)."""
+        epoch = self.epoch if epoch is None else epoch
+        lengths = self._lengths(self._order(epoch))
+        if lengths is None or self.samples_per_epoch is not None:
+            return None
+        resume = (
+            self._resume if self._resume is not None and self._resume["epoch"] == epoch else None
+        )
+        if resume is None:
+            return EpochPlan.fresh(lengths, consumers, self.uneven)
+        plan = EpochPlan.fresh(lengths, resume["history"][0][0], self.uneven)
+        for count, consumed in resume["history"][1:]:
+            plan = plan.resumed(consumed, count)
+        if plan.consumers != consumers:  # elastic: the rest of the epoch, shared out afresh
+            plan = plan.resumed(resume["consumed"], consumers)
+        return plan
+
+    def consumer_items(self) -> list[Any]:
+        """The items this (rank, worker) reads this epoch (from the start)."""
+        rank, world = rank_and_world_size()
+        worker, workers = worker_and_count()
+        consumers = world * workers
+        self._check_consumers(consumers, world, workers)
+        order = self._order(self.epoch)
         mine = split_for_consumer(order, rank * workers + worker, consumers, self.uneven)
         return [self.items[i] for i in mine]
 
-    def _samples(self, items: list[Any]) -> Iterator[Any]:
-        for item in items:
-            if self.mode == "shard":
-                yield from (self.open_item(item) if self.open_item else item)
-            else:
-                yield self.open_item(item) if self.open_item else item
+    # --- reading ----------------------------------------------------------------------------------
+    def _open(self, item: Any) -> Any:
+        return self.open_item(item) if self.open_item else item
 
-    def __iter__(self) -> Iterator[Any]:
-        items = self.consumer_items()
-        if self.samples_per_epoch is None:
-            yield from self._samples(items)
+    def _segment(self, epoch: int, index: int, start: int, end: int) -> Iterator[Any]:
+        """Samples [start, end) of item ``index``."""
+        if self.mode == "sample":
+            if self.seed_samples:
+                seed_sample(self.seed, epoch, index, 0)
+            yield self._open(self.items[index])
             return
-        produced = 0
-        while produced < self.samples_per_epoch:
-            empty = True
-            for sample in self._samples(items):
-                empty = False
+        it = iter(self._open(self.items[index]))
+        for k in range(end):
+            if k >= start and self.seed_samples:
+                seed_sample(self.seed, epoch, index, k)  # before the sample is made
+            try:
+                sample = next(it)
+            except StopIteration:
+                raise RuntimeError(
+                    f"ShardedIterableDataset: shard {self.items[index]!r} gave {k} samples, but "
+                    f"item_lengths says {end}"
+                ) from None
+            if k >= start:
                 yield sample
-                produced += 1
-                if produced == self.samples_per_epoch:
-                    return
+
+    def _cycled(self, epoch: int, items: list[int], skip: int) -> Iterator[Any]:
+        """samples_per_epoch samples, cycling through ``items`` (item indices), after ``skip``."""
+        produced = 0
+        while produced < self.samples_per_epoch:  # type: ignore[operator]
+            empty = True
+            for index in items:
+                for sample in self._seeded(epoch, index):
+                    empty = False
+                    if produced >= skip:
+                        yield sample
+                    produced += 1
+                    if produced == self.samples_per_epoch:
+                        return
             if empty:
                 raise RuntimeError(
                     "ShardedIterableDataset: this consumer's items yield no samples, so "
                     "samples_per_epoch cannot be met"
                 )
+
+    def progress(self, consumers: int) -> tuple[list[int], list[int]]:
+        """Per consumer, for the iteration starting now: the samples of the epoch it had
+        consumed already (a checkpoint resumed on the same consumers), and the samples its
+        stream holds from there (what ``torchfeed.loader`` needs to turn batches into positions).
+        Raises when the streams' lengths are unknown."""
+        epoch = self.epoch
+        resume = (
+            self._resume if self._resume is not None and self._resume["epoch"] == epoch else None
+        )
+        base = (
+            list(resume["consumed"])
+            if resume and resume["consumers"] == consumers
+            else [0] * consumers
+        )
+        if self.samples_per_epoch is not None:
+            return base, [self.samples_per_epoch - b for b in base]
+        plan = self.plan(consumers, epoch)
+        if plan is None:
+            raise ValueError(
+                "ShardedIterableDataset: a checkpoint needs the length of every consumer's "
+                "stream: give item_lengths (samples per shard) or samples_per_epoch"
+            )
+        return base, [plan.length(c) - base[c] for c in range(consumers)]
+
+    def rotation(self, consumers: int) -> int:
+        """How worker w maps to consumers in this iteration: consumer rank * workers + (w +
+        rotation) % workers (non-zero only when resuming on the same consumers)."""
+        resume = (
+            self._resume
+            if self._resume is not None and self._resume["epoch"] == self.epoch
+            else None
+        )
+        if resume is None or resume["consumers"] != consumers:
+            return 0
+        return int(resume.get("rotation", 0))
+
+    def resume_done(self) -> None:
+        """Forgets the checkpoint being resumed (the loader calls it when that epoch ends)."""
+        self._resume = None
+
+    def __iter__(self) -> Iterator[Any]:
+        rank, world = rank_and_world_size()
+        worker, workers = worker_and_count()
+        consumers = world * workers
+        consumer = rank * workers + (worker + self.rotation(consumers)) % workers
+        self._consumer = consumer
+        epoch = self.epoch
+        self._check_consumers(consumers, world, workers)
+        resume = (
+            self._resume if self._resume is not None and self._resume["epoch"] == epoch else None
+        )
+        skip = 0
+        if resume is not None and resume["consumers"] == consumers:
+            skip = resume["consumed"][consumer]
+        self._yielded = skip
+        order = self._order(epoch)
+        if self.samples_per_epoch is not None or self._lengths(order) is None:
+            if resume is not None and resume["consumers"] != consumers:
+                raise ValueError(
+                    "ShardedIterableDataset: resuming on another number of consumers "
+                    f"({resume['consumers']} -> {consumers}) needs streams of known length: "
+                    "give item_lengths (samples per shard) and no samples_per_epoch"
+                )
+            mine = split_for_consumer(order, consumer, consumers, self.uneven)
+            source = (
+                self._cycled(epoch, mine, skip)
+                if self.samples_per_epoch is not None
+                else self._skipping(epoch, mine, skip)
+            )
+        else:
+            plan = self.plan(consumers, epoch)
+            assert plan is not None
+            segments = (
+                plan.remaining(consumer, skip)
+                if resume and resume["consumers"] == consumers
+                else plan.shares[consumer]
+            )
+            source = (s for p, a, b in segments for s in self._segment(epoch, order[p], a, b))
+        for sample in source:
+            self._yielded += 1
+            yield sample
+        self._resume = None  # an epoch read to its end starts the next one afresh
+
+    def _skipping(self, epoch: int, items: list[int], skip: int) -> Iterator[Any]:
+        """Whole items in order (lengths unknown), after the first ``skip`` samples."""
+        seen = 0
+        for index in items:
+            for sample in self._seeded(epoch, index):
+                if seen >= skip:
+                    yield sample
+                seen += 1
+
+    def _seeded(self, epoch: int, index: int) -> Iterator[Any]:
+        """The samples of item ``index`` (one, in sample mode), each made after seeding for it
+        (seed_samples)."""
+        if self.mode == "sample":
+            if self.seed_samples:
+                seed_sample(self.seed, epoch, index, 0)
+            yield self._open(self.items[index])
+            return
+        it = iter(self._open(self.items[index]))
+        k = 0
+        while True:
+            if self.seed_samples:
+                seed_sample(self.seed, epoch, index, k)
+            try:
+                yield next(it)
+            except StopIteration:
+                return
+            k += 1
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def checkpoint(
+        self, consumers: int, consumed: Sequence[int], rotation: int = 0
+    ) -> dict[str, Any]:
+        """The state after each of ``consumers`` consumers consumed ``consumed[c]`` samples of
+        this epoch (what ``torchfeed.loader`` saves). ``rotation``: which of a rank's consumers
+        serves the next batch (a resumed loader's first worker reads it, so that batches come
+        in the uninterrupted run's order)."""
+        resume = (
+            self._resume
+            if self._resume is not None and self._resume["epoch"] == self.epoch
+            else None
+        )
+        history = list(resume["history"]) if resume else [[consumers, []]]
+        if resume and resume["consumers"] != consumers:  # this epoch was resumed elastically
+            history.append([consumers, list(resume["consumed"])])
+        return {
+            "kind": "ShardedIterableDataset",
+            "epoch": self.epoch,
+            "items": len(self.items),
+            "seed": self.seed,
+            "consumers": consumers,
+            "consumed": [int(n) for n in consumed],
+            "rotation": int(rotation),
+            "history": history,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """This consumer's position (torchdata's ``StatefulDataLoader`` calls it in each worker
+        and gives each worker its own back, with the same number of workers)."""
+        rank, world = rank_and_world_size()
+        worker, workers = worker_and_count()
+        consumers = world * workers
+        me = self._consumer if self._consumer is not None else rank * workers + worker
+        consumed = [0] * consumers
+        consumed[me] = self._yielded
+        state = self.checkpoint(consumers, consumed, self.rotation(consumers))
+        state["only"] = me  # the one consumer this state speaks for
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from a checkpoint (:meth:`checkpoint`, or :meth:`state_dict` of the same
+        consumer) on the next iteration: load it before the workers start."""
+        if state.get("kind") != "ShardedIterableDataset" or state.get("items") != len(self.items):
+            raise ValueError(
+                "ShardedIterableDataset.load_state_dict: the state is not a checkpoint of a "
+                f"ShardedIterableDataset of {len(self.items)} items"
+            )
+        if state["seed"] != self.seed:
+            raise ValueError(
+                f"ShardedIterableDataset.load_state_dict: the checkpoint's seed {state['seed']} "
+                f"differs from this dataset's {self.seed}: its order would not be the same"
+            )
+        # history: the plan's base consumers, then each elastic step that led to the plan of
+        # state["consumers"], of which each consumer consumed state["consumed"][c] samples
+        self._resume = {**state, "history": [list(h) for h in state["history"]]}
+        self.set_epoch(state["epoch"])

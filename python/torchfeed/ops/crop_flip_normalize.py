@@ -183,9 +183,9 @@ def grid_from_boxes(
     (top, left, height, width), each inside its image of ``sizes`` (H, W)."""
     if not isinstance(sizes, Tensor):
         sizes = torch.tensor([[int(v) for v in s] for s in sizes], dtype=torch.int64)
-    return torch.ops.torchfeed.resized_crop_grid(
-        sizes.reshape(-1, 2), torch.as_tensor(boxes), *out_size
-    )
+    if not isinstance(boxes, Tensor):
+        boxes = torch.as_tensor(boxes, dtype=torch.float64)  # floats: never through float32
+    return torch.ops.torchfeed.resized_crop_grid(sizes.reshape(-1, 2), boxes, *out_size)
 
 
 def resize_center_crop_grid(

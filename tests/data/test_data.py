@@ -185,7 +185,7 @@ def test_bad_sharding_arguments(kwargs, match):
 @pytest.mark.slow
 @pytest.mark.parametrize("uneven", ["drop", "pad"])
 def test_torchrun_two_ranks_two_workers(tmp_path, uneven):
-    script = Path(__file__).parent / "scripts" / "dist_sharding.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "dist_sharding.py"
     out = tmp_path / "verdict.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     result = subprocess.run(

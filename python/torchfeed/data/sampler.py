@@ -1,0 +1,164 @@
+"""A map-style distributed sampler that resumes mid-epoch, on the same or another world size."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from typing import Any, Literal
+
+import torch
+from torch.utils.data import Sampler
+
+from torchfeed.data._distributed import rank_and_world_size
+from torchfeed.data.plan import EpochPlan
+
+__all__ = ["DistributedSampler"]
+
+
+class DistributedSampler(Sampler[int]):
+    """``torch.utils.data.DistributedSampler``'s semantics (the same indices for the same seed,
+    epoch, rank and world size: a permutation from ``seed + epoch``, padded by repeating, or with
+    ``drop_last`` cut, to equal shares, rank r taking every world-th), plus checkpoints.
+
+    ``num_replicas`` and ``rank`` default to torch.distributed's, else torchrun's RANK and
+    WORLD_SIZE. Call :meth:`set_epoch` at the start of each epoch.
+
+    Checkpoints: ``torchfeed.loader`` saves the position with its ``state_dict`` (ranks advance
+    in lockstep, so any rank's checkpoint describes every rank); inside torchdata's
+    ``StatefulDataLoader``, :meth:`state_dict` / :meth:`load_state_dict` are this rank's. On the
+    same world size the epoch continues as if never stopped; on another, every index not yet
+    consumed this epoch is read exactly once (shares within one index of each other), and the
+    next epoch is balanced again.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized | int,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        n = dataset if isinstance(dataset, int) and not isinstance(dataset, bool) else None
+        if n is None:
+            if not hasattr(dataset, "__len__"):
+                raise TypeError(
+                    f"dataset must be a sized dataset or its length, got {type(dataset).__name__}"
+                )
+            n = len(dataset)
+        env_rank, env_world = rank_and_world_size()
+        world = env_world if num_replicas is None else num_replicas
+        rank = env_rank if rank is None else rank
+        if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+            raise ValueError(f"num_replicas must be an int >= 1, got {world!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+            raise ValueError(f"rank must be an int in [0, {world}), got {rank!r}")
+        if n < 1:
+            raise ValueError("the dataset is empty: there is nothing to sample")
+        self.length = n
+        self.num_replicas = world
+        self.rank = rank
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.epoch = 0
+        self._resume: dict[str, Any] | None = None
+        self._yielded = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.length))
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)  # torch's DistributedSampler draws the same
+        return torch.randperm(self.length, generator=g).tolist()
+
+    def _current(self) -> dict[str, Any] | None:
+        r = self._resume
+        return r if r is not None and r["epoch"] == self.epoch else None
+
+    def plan(self) -> EpochPlan:
+        """This epoch's plan over the ranks, the checkpoint being resumed included."""
+        uneven: Literal["drop", "pad"] = "drop" if self.drop_last else "pad"
+        resume = self._current()
+        if resume is None:
+            return EpochPlan.fresh([1] * self.length, self.num_replicas, uneven)
+        history = resume["history"]
+        plan = EpochPlan.fresh([1] * self.length, history[0][0], uneven)
+        for count, consumed in history[1:]:
+            plan = plan.resumed(consumed, count)
+        if plan.consumers != self.num_replicas:
+            plan = plan.resumed(resume["consumed"], self.num_replicas)
+        return plan
+
+    def progress(self) -> tuple[list[int], list[int]]:
+        """Per rank, for the iteration starting now: indices consumed already, indices left."""
+        resume = self._current()
+        same = resume is not None and resume["consumers"] == self.num_replicas
+        base = list(resume["consumed"]) if same else [0] * self.num_replicas  # type: ignore[index]
+        plan = self.plan()
+        return base, [plan.length(r) - base[r] for r in range(self.num_replicas)]
+
+    def __iter__(self) -> Iterator[int]:
+        order = self._order()
+        base, _ = self.progress()
+        plan = self.plan()
+        self._yielded = base[self.rank]
+        for position, _, _ in plan.remaining(self.rank, base[self.rank]):
+            self._yielded += 1
+            yield order[position]
+
+    def __len__(self) -> int:
+        return self.progress()[1][self.rank]
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def checkpoint(self, consumed: list[int]) -> dict[str, Any]:
+        """The state after rank r consumed ``consumed[r]`` indices of this epoch."""
+        resume = self._current()
+        history = [list(h) for h in resume["history"]] if resume else [[self.num_replicas, []]]
+        if resume and resume["consumers"] != self.num_replicas:
+            history.append([self.num_replicas, list(resume["consumed"])])
+        return {
+            "kind": "DistributedSampler",
+            "epoch": self.epoch,
+            "length": self.length,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "consumers": self.num_replicas,
+            "consumed": [int(n) for n in consumed],
+            "history": history,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's position: the indices handed out this epoch (torchdata's protocol)."""
+        consumed = [0] * self.num_replicas
+        consumed[self.rank] = self._yielded
+        return {**self.checkpoint(consumed), "only": self.rank}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from a checkpoint at the next ``iter()``."""
+        if state.get("kind") != "DistributedSampler" or state.get("length") != self.length:
+            raise ValueError(
+                "DistributedSampler.load_state_dict: the state is not a checkpoint of a "
+                f"DistributedSampler over {self.length} indices"
+            )
+        for key in ("seed", "shuffle", "drop_last"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"DistributedSampler.load_state_dict: the checkpoint's {key}={state[key]!r} "
+                    f"differs from this sampler's {getattr(self, key)!r}: the order would differ"
+                )
+        if "only" in state and state["consumers"] != self.num_replicas:
+            raise ValueError(
+                "DistributedSampler.load_state_dict: a single rank's state cannot resume on "
+                "another world size; save torchfeed.loader's state_dict, which holds every rank's"
+            )
+        self._resume = {**state, "history": [list(h) for h in state["history"]]}
+        self.epoch = state["epoch"]
+
+    def resume_done(self) -> None:
+        """Forgets the checkpoint being resumed (the loader calls it when that epoch ends)."""
+        self._resume = None

@@ -1,0 +1,228 @@
+"""ResumableLoader: a DataLoader that checkpoints its position mid-epoch and resumes from it, on
+the same world size (exactly as if never stopped) or on another (every sample not yet consumed
+in the epoch exactly once)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from torchfeed.data._distributed import rank_and_world_size
+from torchfeed.data.sampler import DistributedSampler
+from torchfeed.data.sharding import ShardedIterableDataset
+
+__all__ = ["ResumableLoader", "worker_batches"]
+
+_KIND, _VERSION = "torchfeed.loader", 1
+
+
+def worker_batches(
+    left: list[int], batch_size: int, drop_last: bool, batches: int
+) -> tuple[list[int], int]:
+    """How many of the first ``batches`` batches each worker made, and which worker makes the
+    next one: a DataLoader takes them round robin over the workers still running (worker w
+    holding ``left[w]`` samples), starting at worker 0."""
+    made = [n // batch_size if drop_last else -(-n // batch_size) for n in left]
+    counts = [0] * len(left)
+    w = 0
+    while batches > 0 and any(c < m for c, m in zip(counts, made, strict=True)):
+        if counts[w] < made[w]:
+            counts[w] += 1
+            batches -= 1
+        w = (w + 1) % len(left)
+    for _ in range(len(left)):  # the next worker with batches left
+        if counts[w] < made[w]:
+            break
+        w = (w + 1) % len(left)
+    return counts, w
+
+
+class _Skipping:
+    """An index sampler without its first ``skip`` batches (a resumed generic sampler)."""
+
+    def __init__(self, base: Any, skip: int) -> None:
+        self.base, self.skip = base, skip
+
+    def __iter__(self) -> Iterator[Any]:
+        # a generator: the sampler draws its order at the first batch, as it would unwrapped
+        it = iter(self.base)
+        for _ in range(self.skip):
+            next(it, None)
+        yield from it
+
+    def __len__(self) -> int:
+        return max(0, len(self.base) - self.skip)
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader with ``state_dict()`` / ``load_state_dict()`` for mid-epoch checkpoints.
+
+    - A map-style dataset read through :class:`torchfeed.data.DistributedSampler`, or a
+      :class:`torchfeed.data.ShardedIterableDataset`: the checkpoint records where every rank and
+      worker stands (ranks advance in lockstep, so one rank's checkpoint describes all of them).
+      Resuming with the same world size and workers continues as if never stopped; with others,
+      every sample not yet consumed this epoch is read exactly once.
+    - Any other sampler: the checkpoint records the batches yielded, and resuming skips that
+      many (the sampler's order is reproduced from the random state saved at the epoch's start).
+
+    The random state the epoch started from is saved too, so workers get the same seeds
+    (:class:`~torchfeed.data.WorkerSeeder` streams included). Datasets with their own
+    ``state_dict`` (:class:`~torchfeed.data.SkipCorrupt`'s skipped samples) are saved alongside.
+    Load a checkpoint before the epoch it resumes starts (before the workers start).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._batches = 0  # yielded by the current epoch's iterator
+        self._rng: torch.Tensor | None = None  # the random state the epoch started from
+        self._progress: tuple[list[int], list[int]] | None = None
+        self._pending: dict[str, Any] | None = None
+        self._skip_batches = 0
+        self._started = False
+
+    # --- what is being read -----------------------------------------------------------------------
+    def _source(self) -> DistributedSampler | ShardedIterableDataset | None:
+        if isinstance(self.dataset, ShardedIterableDataset):
+            return self.dataset
+        sampler = getattr(self.batch_sampler, "sampler", None) or self.sampler
+        return sampler if isinstance(sampler, DistributedSampler) else None
+
+    def _consumers(self) -> tuple[int, int, int]:
+        rank, world = rank_and_world_size()
+        return rank, world, max(1, self.num_workers)
+
+    @property
+    def _index_sampler(self) -> Any:
+        base = super()._index_sampler
+        return _Skipping(base, self._skip_batches) if self._skip_batches else base
+
+    def _rng_state(self) -> torch.Tensor:
+        return self.generator.get_state() if self.generator is not None else torch.get_rng_state()
+
+    # --- iteration --------------------------------------------------------------------------------
+    def _make_iterator(self) -> Iterator[Any]:
+        return super().__iter__()
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.get("rng") is not None:
+            if self.generator is not None:
+                self.generator.set_state(pending["rng"])
+            else:
+                torch.set_rng_state(pending["rng"])
+        self._rng = self._rng_state()
+        source = self._source()
+        if isinstance(source, DistributedSampler):
+            self._progress = source.progress()
+        elif isinstance(source, ShardedIterableDataset):
+            _, world, workers = self._consumers()
+            try:
+                self._progress = source.progress(world * workers)
+            except ValueError:  # streams of unknown length: state_dict() says so if asked
+                self._progress = None
+        self._batches = 0
+        self._started = True
+        return _Counting(self, self._make_iterator())
+
+    def _epoch_done(self) -> None:
+        self._skip_batches = 0
+        for obj in (self._source(), self.dataset):
+            done = getattr(obj, "resume_done", None)
+            if done is not None:
+                done()
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current epoch stands after the batches yielded so far."""
+        batch_size = self.batch_size or 1
+        state: dict[str, Any] = {
+            "kind": _KIND,
+            "version": _VERSION,
+            "batches": self._batches,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "num_workers": self.num_workers,
+            "rng": self._rng,
+        }
+        source = self._source()
+        if isinstance(source, DistributedSampler):
+            base, left = self._progress or source.progress()
+            consumed = [
+                b + min(n, self._batches * batch_size) for b, n in zip(base, left, strict=True)
+            ]
+            state["source"] = source.checkpoint(consumed)
+        elif isinstance(source, ShardedIterableDataset):
+            _, world, workers = self._consumers()
+            base, left = self._progress or source.progress(world * workers)
+            rotation = source.rotation(world * workers)
+            consumed = list(base)
+            for r in range(world):  # ranks advance in lockstep: every rank yielded as many
+                # worker w reads consumer rank * workers + (w + rotation) % workers
+                ids = [r * workers + (w + rotation) % workers for w in range(workers)]
+                made, next_worker = worker_batches(
+                    [left[c] for c in ids], batch_size, self.drop_last, self._batches
+                )
+                for w, c in enumerate(ids):
+                    consumed[c] = base[c] + min(left[c], made[w] * batch_size)
+            # resumed, the loader's first worker must read the consumer whose batch is next
+            state["source"] = source.checkpoint(
+                world * workers, consumed, (rotation + next_worker) % workers
+            )
+        if hasattr(self.dataset, "state_dict") and not isinstance(source, ShardedIterableDataset):
+            state["dataset"] = self.dataset.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes at the next ``iter()`` from a :meth:`state_dict`."""
+        if state.get("kind") != _KIND or state.get("version") != _VERSION:
+            raise ValueError(
+                f"load_state_dict: not a {_KIND} checkpoint (version {_VERSION}), got "
+                f"{state.get('kind')!r} version {state.get('version')!r}"
+            )
+        if state["batch_size"] != self.batch_size:
+            raise ValueError(
+                f"load_state_dict: the checkpoint's batch_size {state['batch_size']} differs from "
+                f"this loader's {self.batch_size}: positions would not match"
+            )
+        if self._started and self.persistent_workers and self.num_workers > 0:
+            raise RuntimeError(
+                "load_state_dict: this loader's persistent workers have started; load the "
+                "checkpoint into a new loader before its first epoch"
+            )
+        source = self._source()
+        if "source" in state:
+            if source is None:
+                raise ValueError(
+                    f"load_state_dict: the checkpoint is of a {state['source']['kind']}, which "
+                    "this loader does not read"
+                )
+            source.load_state_dict(state["source"])
+            self._skip_batches = 0
+        else:
+            self._skip_batches = state["batches"]  # a generic sampler: fast-forward
+        if "dataset" in state and hasattr(self.dataset, "load_state_dict"):
+            self.dataset.load_state_dict(state["dataset"])
+        self._pending = state
+
+
+class _Counting:
+    def __init__(self, loader: ResumableLoader, it: Iterator[Any]) -> None:
+        self._loader, self._it = loader, it
+
+    def __iter__(self) -> _Counting:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._loader._epoch_done()
+            raise
+        self._loader._batches += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._it)  # type: ignore[arg-type]

@@ -1,0 +1,375 @@
+"""Mid-epoch checkpoints (issue 13): epoch plans, the distributed sampler, the sharded dataset,
+torchfeed.loader (ordinary and zero-copy) and torchdata's StatefulDataLoader. Deterministic
+resume reproduces the uninterrupted run bit for bit; elastic resume reads every sample not yet
+consumed exactly once. (The torchrun runs over real ranks are in test_resume_torchrun.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import Dataset
+
+import torchfeed
+from torchfeed.data import (
+    DistributedSampler,
+    EpochPlan,
+    ShardedIterableDataset,
+    SkipCorrupt,
+    WorkerSeeder,
+)
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create"),
+    # torchdata 0.11 calls an API torch deprecates
+    pytest.mark.filterwarnings("ignore:.set_vital. is deprecated"),
+]
+
+
+# --- plans ---------------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 7), min_size=1, max_size=30),
+    before=st.integers(1, 6),
+    after=st.integers(1, 6),
+    uneven=st.sampled_from(["drop", "pad"]),
+    data=st.data(),
+)
+def test_a_resumed_plan_reads_what_is_left_exactly_once_in_balanced_shares(
+    lengths, before, after, uneven, data
+):
+    plan = EpochPlan.fresh(lengths, before, uneven)
+    consumed = [data.draw(st.integers(0, plan.length(c))) for c in range(before)]
+    rest = plan.resumed(consumed, after)
+    total = lambda segs: [(p, k) for p, a, b in segs for k in range(a, b)]  # noqa: E731
+    read = [s for c in range(before) for s in total(plan.shares[c])[: consumed[c]]]
+    read += [s for c in range(after) for s in total(rest.shares[c])]
+    planned = [s for c in range(before) for s in total(plan.shares[c])]
+    assert sorted(read) == sorted(planned)  # the plan's samples, each once
+    sizes = [rest.length(c) for c in range(after)]
+    assert max(sizes) - min(sizes) <= 1
+
+
+# --- the distributed sampler ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_the_sampler_draws_what_torchs_draws(drop_last, shuffle):
+    for world in (1, 2, 3):
+        for rank in range(world):
+            ours = DistributedSampler(range(23), world, rank, shuffle, 5, drop_last)
+            theirs = torch.utils.data.DistributedSampler(range(23), world, rank, shuffle, 5,
+                                                         drop_last)  # fmt: skip
+            for epoch in (0, 3):
+                ours.set_epoch(epoch)
+                theirs.set_epoch(epoch)
+                assert list(ours) == list(theirs) and len(ours) == len(theirs)
+
+
+def test_the_sampler_checks_its_arguments():
+    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\)"):
+        DistributedSampler(range(5), num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match="num_replicas must be an int >= 1"):
+        DistributedSampler(range(5), num_replicas=0, rank=0)
+    with pytest.raises(ValueError, match="the dataset is empty"):
+        DistributedSampler([], num_replicas=1, rank=0)
+    s = DistributedSampler(range(5), num_replicas=1, rank=0, seed=1)
+    with pytest.raises(ValueError, match="seed=2 differs"):
+        s.load_state_dict({**DistributedSampler(range(5), 1, 0, seed=2).state_dict()})
+
+
+# --- torchfeed.loader: several ranks simulated in one process, in lockstep -----------------------
+
+
+class Noisy(Dataset):
+    """A sample and an augmentation drawn from torch's generator (reseeded per sample)."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        torchfeed.data.seed_sample(self.seed, self.epoch, i, 0)
+        return i, torch.rand(1).item()
+
+
+def collate(batch):
+    return batch
+
+
+def map_loaders(world, n=61, batch_size=4, workers=1, epoch=1):
+    out = []
+    for rank in range(world):
+        sampler = DistributedSampler(n, world, rank, seed=7)
+        sampler.set_epoch(epoch)
+        out.append(torchfeed.loader(Noisy(n), batch_size=batch_size, sampler=sampler,
+                                    num_workers=workers, collate_fn=collate))  # fmt: skip
+    return out
+
+
+def lockstep(loaders, steps=None):
+    its = [iter(dl) for dl in loaders]
+    seen = [[] for _ in loaders]
+    step = 0
+    while steps is None or step < steps:
+        try:
+            batches = [next(it) for it in its]
+        except StopIteration:
+            break
+        for r, b in enumerate(batches):
+            seen[r].extend(b)
+        step += 1
+    return seen, its
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_map_style_resume_on_the_same_world_is_the_uninterrupted_run(workers):
+    full, _ = lockstep(map_loaders(2, workers=workers))
+    loaders = map_loaders(2, workers=workers)
+    head, its = lockstep(loaders, steps=3)
+    state = loaders[0].state_dict()
+    del its
+    resumed = map_loaders(2, workers=workers)
+    for dl in resumed:
+        dl.load_state_dict(state)
+    tail, _ = lockstep(resumed)
+    assert [h + t for h, t in zip(head, tail, strict=True)] == full
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2), (2, 1)])
+def test_map_style_elastic_resume_reads_the_rest_exactly_once(before, after):
+    loaders = map_loaders(before)
+    head, its = lockstep(loaders, steps=4)
+    state = loaders[1].state_dict()  # any rank's checkpoint describes every rank
+    del its
+    resumed = map_loaders(after)
+    for dl in resumed:
+        dl.load_state_dict(state)
+    tail, _ = lockstep(resumed)
+    read = [i for part in head + tail for i, _ in part]
+    full, _ = lockstep(map_loaders(before))
+    assert sorted(read) == sorted(i for part in full for i, _ in part)
+    augment = {i: a for part in full for i, a in part}
+    assert all(augment[i] == a for part in tail for i, a in part)  # the sample's own draw
+    # the next epoch is a fresh, balanced plan on the new world
+    nxt = map_loaders(after, epoch=2)
+    assert len({len(dl) for dl in nxt}) == 1
+
+
+# --- the sharded iterable dataset ------------------------------------------------------------------
+
+
+def shard(k: int):
+    for j in range(3):  # lazily: each sample is made after it is seeded
+        yield (k, j, torch.rand(1).item())
+
+
+def iterable(mode, workers, world=1, rank=0, epoch=3, **kw):
+    items = list(range(40))
+    lengths = [3] * len(items) if mode == "shard" else None
+    ds = ShardedIterableDataset(items, shard if mode == "shard" else (lambda k: (k, 0, torch.rand(1).item())),
+                                mode=mode, seed=11, seed_samples=True, item_lengths=lengths, **kw)  # fmt: skip
+    ds.set_epoch(epoch)
+    return ds, torchfeed.loader(ds, batch_size=3, num_workers=workers, collate_fn=collate)
+
+
+def run_ranks(world, workers, mode, steps=None, state=None, monkeypatch=None, **kw):
+    """Lockstep over `world` simulated ranks (each loader's workers see their own RANK)."""
+    loaders, its = [], []
+    for rank in range(world):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        _, dl = iterable(mode, workers, **kw)
+        if state is not None:
+            dl.load_state_dict(state)
+        loaders.append(dl)
+        its.append(iter(dl))  # the workers start now, with this rank's environment
+    seen = [[] for _ in range(world)]
+    step = 0
+    done = [False] * world
+    while (steps is None or step < steps) and not all(done):
+        for r, it in enumerate(its):
+            b = None if done[r] else next(it, None)
+            if b is None:
+                done[r] = True
+            else:
+                seen[r].extend(b)
+        # a fresh epoch is balanced: the ranks end together (a resumed elastic one may differ)
+        assert state is not None or all(done) or not any(done), "ranks out of step"
+        step += 1
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    return seen, loaders, its
+
+
+@pytest.mark.parametrize("mode", ["sample", "shard"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterable_resume_on_the_same_world_is_the_uninterrupted_run(mode, workers, monkeypatch):
+    full, _, _ = run_ranks(2, workers, mode, monkeypatch=monkeypatch)
+    for steps in (1, 4, 5):
+        head, loaders, its = run_ranks(2, workers, mode, steps=steps, monkeypatch=monkeypatch)
+        state = loaders[0].state_dict()
+        del its
+        tail, _, _ = run_ranks(2, workers, mode, state=state, monkeypatch=monkeypatch)
+        assert [h + t for h, t in zip(head, tail, strict=True)] == full, steps
+
+
+@pytest.mark.parametrize("mode", ["sample", "shard"])
+@pytest.mark.parametrize(
+    ("before", "after"), [((2, 2), (3, 2)), ((3, 2), (2, 2)), ((2, 2), (2, 1))]
+)
+def test_iterable_elastic_resume_reads_the_rest_exactly_once(mode, before, after, monkeypatch):
+    full, _, _ = run_ranks(before[0], before[1], mode, monkeypatch=monkeypatch)
+    head, loaders, its = run_ranks(before[0], before[1], mode, steps=3, monkeypatch=monkeypatch)
+    state = loaders[-1].state_dict()
+    del its
+    tail, _, _ = run_ranks(after[0], after[1], mode, state=state, monkeypatch=monkeypatch)
+    key = lambda s: s[:2]  # noqa: E731  (item, sample within it)
+    read = sorted(key(s) for part in head + tail for s in part)
+    assert read == sorted(key(s) for part in full for s in part)
+    augment = {key(s): s[2] for part in full for s in part}
+    assert all(augment[key(s)] == s[2] for part in tail for s in part)
+    counts = [len(p) for p in tail]
+    assert max(counts) - min(counts) <= after[1] * 1  # within one sample per consumer
+
+
+def test_a_checkpoint_needs_streams_of_known_length():
+    ds = ShardedIterableDataset(list(range(4)), lambda k: [k] * 3, mode="shard", seed=1)
+    dl = torchfeed.loader(ds, batch_size=2, collate_fn=collate)
+    it = iter(dl)
+    next(it)
+    with pytest.raises(ValueError, match="give item_lengths .* or samples_per_epoch"):
+        dl.state_dict()
+
+
+def test_samples_per_epoch_resumes_on_the_same_world_only(monkeypatch):
+    def make(workers):
+        ds = ShardedIterableDataset(list(range(6)), lambda k: [(k, j) for j in range(k + 1)],
+                                    mode="shard", seed=1, samples_per_epoch=7)  # fmt: skip
+        return torchfeed.loader(ds, batch_size=2, num_workers=workers, collate_fn=collate)
+
+    full = list(make(2))
+    dl = make(2)
+    it = iter(dl)
+    head = [next(it) for _ in range(3)]
+    state = dl.state_dict()
+    del it
+    again = make(2)
+    again.load_state_dict(state)
+    assert head + list(again) == full
+    other = make(1)
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="resuming on another number of consumers"):
+        list(other)
+
+
+# --- the zero-copy loader, SkipCorrupt, WorkerSeeder ----------------------------------------------
+
+
+class Tokens(Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i in (5, 17):
+            raise OSError(f"corrupt {i}")
+        return {"ids": torch.arange(i % 7 + 1), "label": i}
+
+
+def zero_copy_loader():
+    sampler = DistributedSampler(40, 1, 0, seed=3)
+    return torchfeed.loader(SkipCorrupt(Tokens()), zero_copy=True, batch_size=4, sampler=sampler,
+                            num_workers=2, collate_fn=torchfeed.PadCollate(["ids"]),
+                            worker_init_fn=WorkerSeeder(rank=0))  # fmt: skip
+
+
+def labels(batches):
+    return [int(x) for b in batches for x in b["label"]]
+
+
+def test_the_zero_copy_loader_resumes_and_keeps_the_skipped_set():
+    full = labels(zero_copy_loader())
+    dl = zero_copy_loader()
+    it = iter(dl)
+    head = [next(it) for _ in range(3)]
+    state = dl.state_dict()
+    skipped = dl.dataset.skipped_indices
+    del it
+    again = zero_copy_loader()
+    again.load_state_dict(state)
+    assert again.dataset.skipped_indices == skipped  # restored with the position
+    assert labels(head) + labels(again) == full
+
+
+def test_worker_seeder_state_is_its_rank():
+    s = WorkerSeeder(rank=3)
+    assert s.state_dict() == {"rank": 3}
+    t = WorkerSeeder(rank=0)
+    t.load_state_dict(s.state_dict())
+    assert t.rank == 3
+
+
+def test_bad_checkpoints_are_refused():
+    dl = torchfeed.loader(list(range(10)), batch_size=2)
+    with pytest.raises(ValueError, match="not a torchfeed.loader checkpoint"):
+        dl.load_state_dict({"kind": "something"})
+    state = dl.state_dict()
+    other = torchfeed.loader(list(range(10)), batch_size=3)
+    with pytest.raises(ValueError, match="batch_size 2 differs from this loader's 3"):
+        other.load_state_dict(state)
+
+
+def test_a_generic_sampler_is_fast_forwarded_with_the_same_order():
+    def make():
+        return torchfeed.loader(list(range(30)), batch_size=4, shuffle=True)
+
+    torch.manual_seed(5)
+    full = [b.tolist() for b in make()]
+    torch.manual_seed(5)
+    dl = make()
+    it = iter(dl)
+    head = [next(it).tolist() for _ in range(3)]
+    state = dl.state_dict()
+    del it
+    torch.manual_seed(99)  # another global state: the checkpoint's is restored
+    again = make()
+    again.load_state_dict(state)
+    assert head + [b.tolist() for b in again] == full
+
+
+# --- torchdata's StatefulDataLoader -------------------------------------------------------------
+
+
+stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_inside_torchdatas_stateful_dataloader(workers):
+    def make_iterable():
+        ds, _ = iterable("sample", workers)
+        return stateful.StatefulDataLoader(
+            ds, batch_size=3, num_workers=workers, collate_fn=collate
+        )
+
+    def make_map():
+        sampler = DistributedSampler(61, 1, 0, seed=7)
+        sampler.set_epoch(1)
+        return stateful.StatefulDataLoader(Noisy(61), batch_size=4, sampler=sampler,
+                                           num_workers=workers, collate_fn=collate)  # fmt: skip
+
+    for make in (make_iterable, make_map):
+        full = list(make())
+        dl = make()
+        it = iter(dl)
+        head = [next(it) for _ in range(5)]
+        state = dl.state_dict()
+        del it
+        again = make()
+        again.load_state_dict(state)
+        assert head + list(again) == full, make.__name__

@@ -1,0 +1,103 @@
+"""One rank of a torchrun job for tests/data/test_resume_torchrun.py: reads an epoch through
+torchfeed.loader over a ShardedIterableDataset (or a map-style dataset with DistributedSampler),
+2 workers, in lockstep with the other ranks (one all_reduce per step, as a DDP step would), and
+records what it read; saves its loader's checkpoint every `every` steps; stops, crashes
+(SIGKILL) or resumes as told.
+
+    dist_resume.py OUT KIND ACTION [--every N] [--stop N] [--crash N] [--resume FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset
+
+import torchfeed
+from torchfeed.data import DistributedSampler, ShardedIterableDataset, seed_sample
+
+ITEMS = 150
+EPOCH = 4
+
+
+def make_sample(k: int):
+    return k, torch.rand(1).item()  # the augmentation: drawn after the sample's seeding
+
+
+class MapStyle(Dataset):
+    def __len__(self):
+        return ITEMS
+
+    def __getitem__(self, i):
+        seed_sample(1, EPOCH, i, 0)
+        return make_sample(i)
+
+
+def collate(batch):
+    return batch
+
+
+def build(kind: str, epoch: int):
+    if kind == "iterable":
+        ds = ShardedIterableDataset(list(range(ITEMS)), make_sample, mode="sample", seed=1,
+                                    seed_samples=True)  # fmt: skip
+        ds.set_epoch(epoch)
+        return torchfeed.loader(ds, batch_size=4, num_workers=2, collate_fn=collate)
+    sampler = DistributedSampler(ITEMS, seed=1)
+    sampler.set_epoch(epoch)
+    return torchfeed.loader(MapStyle(), batch_size=4, sampler=sampler, num_workers=2,
+                            collate_fn=collate)  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("kind", choices=["iterable", "map"])
+    p.add_argument("tag")
+    p.add_argument("--every", type=int, default=0)
+    p.add_argument("--stop", type=int, default=-1)
+    p.add_argument("--crash", type=int, default=-1)
+    p.add_argument("--resume", default=None)
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = Path(args.out)
+    loader = build(args.kind, EPOCH)
+    if args.resume:
+        loader.load_state_dict(torch.load(args.resume, weights_only=False))
+    log = (out / f"seen-{args.tag}-rank{rank}.jsonl").open("w", buffering=1)  # line by line:
+    it, step = iter(loader), 0  # what a rank read survives its being killed
+    while step != args.stop:
+        batch = next(it, None)
+        alive = torch.tensor([batch is not None], dtype=torch.int64)
+        dist.all_reduce(alive)  # the step: every rank takes part while any has data
+        if int(alive) == 0:
+            break
+        step += 1
+        if batch is not None:
+            for k, a in batch:
+                log.write(json.dumps([step, k, a]) + "\n")
+        if args.every and step % args.every == 0:
+            torch.save(loader.state_dict(), out / f"ckpt-{args.tag}-rank{rank}.pt")
+            (out / f"ckpt-{args.tag}-rank{rank}.step").write_text(str(step))
+        if step == args.crash and rank == world - 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # preempted: no cleanup, no goodbye
+    log.close()
+    # the next epoch on this world: its batches per rank (balanced again)
+    nxt = build(args.kind, EPOCH + 1)
+    counts = torch.tensor([sum(1 for _ in nxt)], dtype=torch.int64)
+    everyone = [torch.zeros_like(counts) for _ in range(world)]
+    dist.all_gather(everyone, counts)
+    if rank == 0:
+        (out / f"next-{args.tag}.json").write_text(json.dumps([int(c) for c in everyone]))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
