@@ -48,16 +48,18 @@ class DevicePrefetcher:
     """Iterates ``loader`` (a DataLoader or any iterable of batches) one step ahead of the
     training loop, in a background thread:
 
-    - on a GPU: each batch is staged into ``pinned_ring`` (page-locked, reused, event-guarded),
+    - on a GPU: each batch is staged into ``pinned_ring`` (page-locked, reused, fenced),
       copied to ``device`` on the prefetcher's own CUDA stream (one per prefetcher, made once),
       and passed through ``transform`` there (e.g. the fused crop/flip/normalize, or
       ``RaggedBatch.pad``); the batch handed out is safe to use on the consumer's current
       stream (it waits for the copy stream, and the tensors are marked as used by it);
     - on a CPU-only machine: loading and ``transform`` still overlap with the step.
 
-    ``pinned_ring=None`` makes a ring on the first GPU batch, sized for ``depth + 2`` batches of
-    that size (``pinned_ring=False``: plain copies; or a :class:`PinnedRing` of your own; the
-    0.1 keyword ``ring=`` still works, with a DeprecationWarning). A loader that says where its
+    ``pinned_ring=None`` uses the device's shared arena (:meth:`PinnedRing.for_device`, made on
+    the first GPU batch for ``depth + 2`` batches of that size and grown if a larger one comes;
+    every prefetcher on the device shares it, so one made per epoch page-locks nothing new);
+    ``pinned_ring=False``: plain copies; or a :class:`PinnedRing` of your own (the 0.1 keyword
+    ``ring=`` still works, with a DeprecationWarning). A loader that says where its
     batches live (:class:`BatchSource`, e.g. a zero-copy loader whose workers wrote into
     page-locked shared memory) has them copied from there, with no staging. Up to
     ``depth`` batches are prepared ahead. ``len()`` is the loader's; each ``iter()`` is an epoch.

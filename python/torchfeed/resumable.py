@@ -87,7 +87,9 @@ class ResumableLoader(DataLoader):
     def _source(self) -> DistributedSampler | ShardedIterableDataset | None:
         if isinstance(self.dataset, ShardedIterableDataset):
             return self.dataset
-        sampler = getattr(self.batch_sampler, "sampler", None) or self.sampler
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        if sampler is None:  # (not `or`: a sampler's truth value is its len())
+            sampler = self.sampler
         return sampler if isinstance(sampler, DistributedSampler) else None
 
     def _consumers(self) -> tuple[int, int, int]:

@@ -209,6 +209,8 @@ def test_bad_configuration(kwargs, error, match):
         (PadCollate(["a"]), [{"a": torch.arange(2)}, {"a": [1, 2]}], TypeError, "field 'a' of sample 1 is a list, expected a tensor"),
         (PadCollate(), [{"a": torch.ones(2)}, {"a": torch.ones(3)}], ValueError, r"field 'a' has shape \[2\] in sample 0 but \[3\] in sample 1; name it in ragged="),
         (PadCollate(), [{"a": torch.ones(2)}, {"a": torch.ones(2, dtype=torch.int64)}], TypeError, "field 'a' is torch.float32 on cpu in sample 0 but torch.int64"),
+        (PadCollate(), [{"a": torch.ones(2)}, {"a": torch.empty(2, device="meta")}], TypeError, "field 'a' is torch.float32 on cpu in sample 0 but torch.float32 on meta in sample 1"),
+        (PadCollate(), [{"a": torch.ones(2)}, {"a": torch.ones(2)[None]}], ValueError, r"field 'a' has shape \[2\] in sample 0 but \[1, 2\] in sample 1"),
         (PadCollate(), [{"a": torch.ones(2)}, {"a": 3}], TypeError, "field 'a' is a tensor in sample 0 but a int in sample 1"),
         (PadCollate(["a"]), [{"a": torch.arange(2), "a_mask": 1}], ValueError, "output name 'a_mask' for field 'a' collides"),
         (PadCollate({"a": -1}), [{"a": torch.arange(2, dtype=torch.uint8)}], ValueError, "field 'a' of pad_value=-1 is not representable in torch.uint8"),

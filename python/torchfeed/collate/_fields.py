@@ -31,6 +31,9 @@ def field_kind(value: Any) -> str:
 
 def _check_kind(key: Hashable, values: Sequence[Any]) -> str:
     kind = field_kind(values[0])
+    first = type(values[0])
+    if all(type(v) is first for v in values):  # the common case, one cheap pass
+        return kind
     for i, v in enumerate(values):
         if field_kind(v) != kind:
             what = kind if kind in ("tensor", "number") else type(values[0]).__name__
@@ -60,22 +63,32 @@ def collate_field(key: Hashable, values: list, private: bool = False) -> Any:
     kind = _check_kind(key, values)
     if kind == "tensor":
         tensors = [torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in values]
-        ref = tensors[0]
-        for i, t in enumerate(tensors):
-            if t.shape != ref.shape:
-                raise ValueError(
-                    f"field {key!r} has shape {list(ref.shape)} in sample 0 but "
-                    f"{list(t.shape)} in sample {i}; name it in ragged= to pad it"
-                )
-            if t.dtype != ref.dtype or t.device != ref.device:
-                raise TypeError(
-                    f"field {key!r} is {ref.dtype} on {ref.device} in sample 0 but {t.dtype} on "
-                    f"{t.device} in sample {i}"
-                )
-        # default_collate stacks straight into shared memory inside a worker process.
-        return torch.stack(tensors) if private else default_collate(tensors)
+        dtype = tensors[0].dtype
+        if not all(t.dtype is dtype for t in tensors):  # stack would promote: refuse
+            _explain_mismatch(key, tensors)
+        try:
+            # default_collate stacks straight into shared memory inside a worker process.
+            return torch.stack(tensors) if private else default_collate(tensors)
+        except RuntimeError:  # shapes or devices differ: say which sample, in our words
+            _explain_mismatch(key, tensors)
+            raise
     if kind == "number":
         return private_collate(values) if private else default_collate(values)
     if kind == "nested":
         return default_collate(values)
     return list(values)
+
+
+def _explain_mismatch(key: Hashable, tensors: list[Tensor]) -> None:
+    ref = tensors[0]
+    for i, t in enumerate(tensors):
+        if t.shape != ref.shape:
+            raise ValueError(
+                f"field {key!r} has shape {list(ref.shape)} in sample 0 but "
+                f"{list(t.shape)} in sample {i}; name it in ragged= to pad it"
+            )
+        if t.dtype != ref.dtype or t.device != ref.device:
+            raise TypeError(
+                f"field {key!r} is {ref.dtype} on {ref.device} in sample 0 but {t.dtype} on "
+                f"{t.device} in sample {i}"
+            )

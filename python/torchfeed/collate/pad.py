@@ -265,7 +265,7 @@ class PadCollate:
             if self.max_length is not None:
                 batch = batch.truncate(self.max_length, self.truncation_side)
             return batch
-        seqs = check_sequences(values)
+        seqs = check_sequences(values, for_kernel=True)
         options = self.options[key]
         try:
             check_pad_value(options.pad_value, seqs[0].dtype)

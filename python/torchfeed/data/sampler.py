@@ -96,13 +96,26 @@ class DistributedSampler(Sampler[int]):
     def progress(self) -> tuple[list[int], list[int]]:
         """Per rank, for the iteration starting now: indices consumed already, indices left."""
         resume = self._current()
-        same = resume is not None and resume["consumers"] == self.num_replicas
-        base = list(resume["consumed"]) if same else [0] * self.num_replicas  # type: ignore[index]
+        if resume is None:  # a fresh epoch: equal shares, no plan to build (O(1), not O(N))
+            return [0] * self.num_replicas, [self._fresh_share()] * self.num_replicas
+        same = resume["consumers"] == self.num_replicas
+        base = list(resume["consumed"]) if same else [0] * self.num_replicas
         plan = self.plan()
         return base, [plan.length(r) - base[r] for r in range(self.num_replicas)]
 
+    def _fresh_share(self) -> int:
+        n, r = self.length, self.num_replicas
+        return n // r if self.drop_last else -(-n // r)
+
     def __iter__(self) -> Iterator[int]:
         order = self._order()
+        if self._current() is None:  # the plan's fresh share, read off directly
+            n, r = len(order), self.num_replicas
+            self._yielded = 0
+            for k in range(self._fresh_share()):
+                self._yielded += 1
+                yield order[(self.rank + k * r) % n]
+            return
         base, _ = self.progress()
         plan = self.plan()
         self._yielded = base[self.rank]

@@ -1,6 +1,6 @@
 """What the two rings share on the Python side: their facts, telling their tensors from others,
-and fencing their memory after copies (the C++ side shares the event machinery,
-``csrc/memory/fence.h``)."""
+and fencing their memory after copies (the C++ side shares the fence machinery,
+``csrc/memory/fence.h``: host functions queued after the copies)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PinnedRing: a bounded, exact-size, event-guarded ring of page-locked host memory."""
+"""PinnedRing: a bounded, exact-size, fenced ring of page-locked host memory."""
 
 from __future__ import annotations
 
@@ -26,10 +26,12 @@ class PinnedRing(RingFences):
     order with wrap-around.
 
     A block's bytes are reused only after its fence completed: every host tensor viewing it has
-    been freed (the consumer released it) and every copy event recorded for it (by
-    :meth:`to_device`) has fired. A full ring blocks the producer for up to ``timeout`` seconds,
-    then raises ``TimeoutError`` naming the capacity, the bytes in flight and the request; a
-    request larger than the arena raises ``ValueError`` at once. Thread-safe: one thread can
+    been freed (the consumer released it) and every copy that reads it (:meth:`to_device`,
+    :meth:`copy_to_device`) has run: a host function queued on the copy's stream after it frees
+    the block, so no event is recorded or polled. A full ring blocks the producer for up to
+    ``timeout`` seconds, then raises ``TimeoutError`` naming the capacity, the bytes in flight
+    and the request; a request larger than the arena raises ``ValueError`` at once.
+    Thread-safe: one thread can
     stage while another consumes.
     """
 

@@ -155,8 +155,9 @@ def padded_length(
     return longest
 
 
-def check_sequences(sequences: Sequence[Tensor]) -> list[Tensor]:
-    """A non-empty list of tensors ``[n_i, *feat]`` of one dtype and device."""
+def check_sequences(sequences: Sequence[Tensor], *, for_kernel: bool = False) -> list[Tensor]:
+    """A non-empty list of tensors ``[n_i, *feat]`` of one dtype and device. ``for_kernel``:
+    bound for a compiled kernel, which checks them itself (see :func:`pad_with`)."""
     if isinstance(sequences, Tensor):
         raise TypeError(
             "sequences must be a list of tensors [n_i, *feat]; for one packed tensor use "
@@ -165,6 +166,21 @@ def check_sequences(sequences: Sequence[Tensor]) -> list[Tensor]:
     seqs = list(sequences)
     if not seqs:
         raise ValueError("sequences must hold at least one tensor, got an empty list")
+    first = seqs[0]
+    if (
+        for_kernel
+        and type(first) is Tensor
+        and has_kernel("pad_list", (device := first.device).type)
+        and all(type(s) is Tensor and s.device == device for s in seqs)
+    ):
+        if first.dim() == 0:
+            raise ValueError("sequences[0] must have at least one dimension, got a 0-d tensor")
+        return seqs
+    _check_each(seqs)
+    return seqs
+
+
+def _check_each(seqs: list[Tensor]) -> None:
     first = seqs[0]
     for i, s in enumerate(seqs):
         if not isinstance(s, Tensor):
@@ -188,7 +204,6 @@ def check_sequences(sequences: Sequence[Tensor]) -> list[Tensor]:
                 f"sequences[{i}] has trailing dims {list(s.shape[1:])} but sequences[0] has "
                 f"{list(first.shape[1:])} (only dim 0 may differ)"
             )
-    return seqs
 
 
 def check_host_offsets(
@@ -274,7 +289,7 @@ def pad(
     options = PadOptions(pad_value, padding_side, pad_to_multiple_of, max_length, truncation_side)
     if isinstance(sequences, PackedSequences):
         return pad_packed_with(sequences.values, sequences.offsets, sequences.host_offsets, options)
-    return pad_with(check_sequences(sequences), options)
+    return pad_with(check_sequences(sequences, for_kernel=True), options)
 
 
 def pad_with(seqs: list[Tensor], options: PadOptions) -> Padded:
@@ -284,14 +299,18 @@ def pad_with(seqs: list[Tensor], options: PadOptions) -> Padded:
     device_type = seqs[0].device.type
     max_length = options.max_length
     if has_kernel("pad_list", device_type):
-        out = torch.ops.torchfeed.pad_list(
-            seqs,
-            length,
-            options.pad_value,
-            options.left_pad,
-            -1 if max_length is None else max_length,
-            options.truncate_left,
-        )
+        try:
+            out = torch.ops.torchfeed.pad_list(
+                seqs,
+                length,
+                options.pad_value,
+                options.left_pad,
+                -1 if max_length is None else max_length,
+                options.truncate_left,
+            )
+        except (TypeError, ValueError, RuntimeError):  # refused: say why in Python's words
+            _check_each(seqs)
+            raise
     else:
         warn_fallback("pad", device_type, "using the PyTorch reference")
         out = reference.pad_sequences(
