@@ -37,13 +37,13 @@ build: $(BUILT)
 # Python: ruff (lint and format) and mypy; C++/CUDA: clang-format (.clang-format, 100 columns).
 CXX_SOURCES = $(shell find csrc -name '*.h' -o -name '*.cpp' -o -name '*.cu' 2>/dev/null)
 lint: $(DEPS)
-	$(VENV)/bin/ruff check python tests bench scripts conftest.py
-	$(VENV)/bin/ruff format --check python tests bench scripts conftest.py
+	$(VENV)/bin/ruff check python tests bench examples scripts conftest.py
+	$(VENV)/bin/ruff format --check python tests bench examples scripts conftest.py
 	$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
 	$(VENV)/bin/mypy
 
 format: $(DEPS)
-	$(VENV)/bin/ruff format python tests bench scripts conftest.py
+	$(VENV)/bin/ruff format python tests bench examples scripts conftest.py
 	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
 test: build lint
