@@ -393,6 +393,36 @@ def test_a_jpeg_claiming_a_huge_size_is_refused_before_allocating(options):
         torch.ops.torchfeed.decode_jpeg_window(as_tensor(data), 0, 0, 8, 8)  # the op's own check
 
 
+@pytest.mark.parametrize(
+    "options", [{}, {"progressive": True}, {"subsampling": 1}, {"optimize": True}]
+)
+@pytest.mark.parametrize("size", [(1, 1), (40, 56), (17, 300)])
+def test_the_frame_header_reader_agrees_with_torchvision(options, size):
+    data = jpeg(*size, **options)
+    image = decode_image(as_tensor(data))
+    assert jpeg_op.jpeg_frame_size(as_tensor(data)) == tuple(image.shape[1:]) == size
+    assert jpeg_op.jpeg_frame_size(as_tensor(claiming(data, 65500, 3))) == (65500, 3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64), st.integers(0, 600))
+def test_the_frame_header_reader_never_fails_on_garbage(noise, cut):
+    data = jpeg()
+    for candidate in (data[:cut], data[:cut] + noise, b"\xff\xd8\xff" + noise, noise):
+        size = jpeg_op.jpeg_frame_size(as_tensor(candidate)) if candidate else None
+        assert size is None or all(0 <= n < 2**16 for n in size)
+
+
+def test_the_pixel_limit_holds_without_the_window_decoder(monkeypatch):
+    """The fallback (a build without libjpeg-turbo) reads the size from the frame header too."""
+    monkeypatch.setattr(jpeg_op, "WINDOW_DECODER", False)
+    data = claiming(jpeg(16, 16, progressive=True), 65500, 65500)
+    with pytest.raises(torchfeed.limits.ImageTooLargeError, match="65500 x 65500"):
+        decode_window(data, (0, 0, 8, 8))
+    with pytest.raises(torchfeed.limits.ImageTooLargeError, match="65500 x 65500"):
+        DecodeRandomCrop()(data)
+
+
 def test_the_pixel_limit_can_be_changed_and_names_the_setting():
     data = jpeg(40, 56)
     torchfeed.limits.set_max_image_pixels(1000)

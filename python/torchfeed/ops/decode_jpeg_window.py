@@ -26,7 +26,9 @@ __all__ = [
     "check_box",
     "decode_jpeg_window",
     "decode_whole",
+    "jpeg_frame_size",
     "jpeg_header",
+    "png_size",
 ]
 
 Box = tuple[int, int, int, int]
@@ -52,20 +54,47 @@ def jpeg_header(data: Tensor) -> tuple[int, int] | None:
 def decode_whole(data: Tensor) -> Tensor:
     """The fallback: torchvision decodes the whole image (RGB), after checking the size its
     header declares (JPEG, PNG) against :func:`torchfeed.limits.max_image_pixels`."""
-    size = png_size(data) or _jpeg_size(data)
+    size = png_size(data) or jpeg_frame_size(data)
     if size is not None:
         check_image_pixels(*size, "the image")
     return decode_image(data, mode=ImageReadMode.RGB)
 
 
-def _jpeg_size(data: Tensor) -> tuple[int, int] | None:
-    if not WINDOW_DECODER or data.numel() < 4 or bytes(data[:3].tolist()) != _JPEG_MAGIC:
+# Start-of-frame markers (SOF0-SOF15 but DHT, JPG and DAC): the frame header holding the size.
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_frame_size(data: Tensor) -> tuple[int, int] | None:
+    """(height, width) from a JPEG's frame header, read by walking its marker segments (no
+    decoder needed, so builds without libjpeg-turbo check the pixel limit too); None when
+    ``data`` is not a JPEG or no frame header comes before the scan data."""
+    if data.numel() < 4 or bytes(data[:3].tolist()) != _JPEG_MAGIC:
         return None
-    try:
-        height, width, _, _ = C.jpeg_info(data)
-    except RuntimeError:
-        return None
-    return height, width
+    buf = memoryview(data.contiguous().numpy())
+    i = 2
+    while i + 4 <= len(buf):
+        if buf[i] != 0xFF:
+            return None  # not a marker where one must be: leave the verdict to the decoder
+        marker = buf[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a segment
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, or the scan: no frame header before it
+            return None
+        length = int.from_bytes(buf[i + 2 : i + 4], "big")
+        if marker in _SOF:
+            if length < 7 or i + 9 > len(buf):
+                return None
+            return int.from_bytes(buf[i + 5 : i + 7], "big"), int.from_bytes(
+                buf[i + 7 : i + 9], "big"
+            )
+        if length < 2:
+            return None
+        i += 2 + length
+    return None
 
 
 def check_box(box: Any, height: int, width: int) -> Box:
