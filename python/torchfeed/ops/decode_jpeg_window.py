@@ -70,7 +70,7 @@ def jpeg_frame_size(data: Tensor) -> tuple[int, int] | None:
     ``data`` is not a JPEG or no frame header comes before the scan data."""
     if data.numel() < 4 or bytes(data[:3].tolist()) != _JPEG_MAGIC:
         return None
-    buf = memoryview(data.contiguous().numpy())
+    buf = data.contiguous().numpy().data  # a memoryview: no copy
     i = 2
     while i + 4 <= len(buf):
         if buf[i] != 0xFF:
