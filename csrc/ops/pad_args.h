@@ -4,7 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace torchfeed::pad {
@@ -93,6 +95,31 @@ inline at::Tensor pad_element(const char* op, const at::Scalar& pad_value, at::S
     TORCH_CHECK_VALUE(false, op, ": pad_value ", pad_value, " cannot be represented in ", dtype);
   }
   return element;
+}
+
+// pad_list's `length`: as given (>= 0), or -1 for the longest kept length (after `max_length`)
+// rounded up to `multiple`. Call after check_sequences (every sequence has a dim 0).
+inline int64_t resolve_length(const char* op, at::TensorList seqs, int64_t length,
+                              int64_t max_length, int64_t multiple) {
+  TORCH_CHECK_VALUE(multiple >= 1, op, ": multiple must be >= 1, got ", multiple);
+  TORCH_CHECK_VALUE(length >= -1, op,
+                    ": length must be >= 0 (or -1: the longest kept length), got ", length);
+  if (length >= 0) {
+    TORCH_CHECK_VALUE(multiple == 1, op, ": multiple=", multiple,
+                      " applies to length=-1 only (got length=", length, ")");
+    return length;
+  }
+  int64_t longest = 0;
+  for (const at::Tensor& s : seqs) longest = std::max(longest, s.size(0));
+  if (max_length >= 0) longest = std::min(longest, max_length);
+  const int64_t rest = longest % multiple;
+  if (rest != 0) {
+    TORCH_CHECK_VALUE(longest <= std::numeric_limits<int64_t>::max() - (multiple - rest), op,
+                      ": the longest length ", longest, " rounded up to multiple=", multiple,
+                      " overflows int64");
+    longest += multiple - rest;
+  }
+  return longest;
 }
 
 // Elements per row of the values: the product of the trailing dims (works when N == 0).

@@ -5,14 +5,16 @@
 TORCH_LIBRARY(torchfeed, m) {
   // Ragged rows -> padded [B, length, *feat], mask [B, length] (from the lengths, never from the
   // values), kept lengths [B]. `length` is computed by the caller on the host, where the lengths
-  // are known, so the output shape never depends on device data.
+  // are known, so the output shape never depends on device data. pad_list also takes
+  // length=-1: the longest kept length (after max_length) rounded up to `multiple`, computed from
+  // the sequences' shapes (on the host too).
   m.def(
       "pad_packed(Tensor values, Tensor offsets, SymInt length, Scalar pad_value=0, "
       "bool left_pad=False, int max_length=-1, bool truncate_left=False) "
       "-> (Tensor padded, Tensor mask, Tensor lengths)");
   m.def(
       "pad_list(Tensor[] sequences, SymInt length, Scalar pad_value=0, bool left_pad=False, "
-      "int max_length=-1, bool truncate_left=False) "
+      "int max_length=-1, bool truncate_left=False, int multiple=1) "
       "-> (Tensor padded, Tensor mask, Tensor lengths)");
 
   // uint8 images -> per-image crop, resize (nearest / bilinear, antialias or not), horizontal

@@ -216,6 +216,22 @@ def test_opcheck(device):
         torch.library.opcheck(
             torch.ops.torchfeed.pad_list.default, (seqs, length, 0, False, -1, False)
         )
+        # length=-1: the kernel finds the longest kept length, rounded up to `multiple`
+        for args in ((0, False, -1, False, 1), (7, True, 3, True, 4)):
+            torch.library.opcheck(torch.ops.torchfeed.pad_list.default, (seqs, -1, *args))
+
+
+def test_list_op_finds_the_length_itself():
+    seqs = [torch.arange(n) for n in (5, 0, 9, 2)]
+    for max_length, multiple, expected in ((-1, 1, 9), (4, 1, 4), (-1, 4, 12), (6, 4, 8)):
+        padded, mask, lengths = torch.ops.torchfeed.pad_list(
+            seqs, -1, 0, False, max_length, False, multiple
+        )
+        assert padded.shape == (4, expected)
+        ref = torchfeed.pad(seqs, max_length=None if max_length < 0 else max_length,
+                            pad_to_multiple_of=None if multiple == 1 else multiple)  # fmt: skip
+        assert torch.equal(padded, ref.padded) and torch.equal(mask, ref.mask)
+        assert torch.equal(lengths, ref.lengths)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -382,7 +398,9 @@ def test_bad_offsets_type_and_shape():
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        ((-1,), "length must be >= 0, got -1"),
+        ((-2,), r"length must be >= 0 \(or -1: the longest kept length\), got -2"),
+        ((3, 0, False, -1, False, 8), "multiple=8 applies to length=-1 only"),
+        ((-1, 0, False, -1, False, 0), "multiple must be >= 1, got 0"),
         ((3, 0, False, 0), r"max_length must be >= 1 \(or -1 for no limit\), got 0"),
         ((3, 300), r"pad_value 300 cannot be represented in Byte"),
     ],
@@ -447,3 +465,53 @@ def test_cuda_uses_current_stream():
         max_length=None,
         pad_to_multiple_of=None,
     )
+
+
+# --- autograd (csrc/ops/autograd/pad.cpp) ---------------------------------------------------------
+
+
+def grad_inputs():
+    g = torch.Generator().manual_seed(3)
+    return [
+        torch.randn(n, 2, dtype=torch.float64, generator=g, requires_grad=True) for n in (3, 0, 5)
+    ]
+
+
+# opcheck's test_aot_dispatch_dynamic reads .grad of a non-leaf with any op that has gradients
+# (a one-line custom_op does it too): its warning, not ours.
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+@pytest.mark.parametrize("options", [(0.0, False, -1, False, 1), (1.5, True, 4, True, 4)])
+def test_gradcheck_and_opcheck_with_gradients(options):
+    seqs = grad_inputs()
+    pad_value, left, max_length, trunc_left, multiple = options
+    list_op = lambda *s: torch.ops.torchfeed.pad_list(list(s), -1, *options)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(list_op, tuple(seqs))
+    torch.library.opcheck(torch.ops.torchfeed.pad_list.default, (seqs, -1, *options))
+    values = torch.cat(seqs).detach().requires_grad_()
+    offsets = torch.tensor([0, 3, 3, 8])
+    length = 8 if multiple == 4 else 5
+    packed_args = (offsets, length, pad_value, left, max_length, trunc_left)
+    packed_op = lambda v: torch.ops.torchfeed.pad_packed(v, *packed_args)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(packed_op, (values,))
+    torch.library.opcheck(torch.ops.torchfeed.pad_packed.default, (values, *packed_args))
+
+
+def test_no_graph_is_recorded_without_gradients():
+    seqs = [s.detach() for s in grad_inputs()]
+    assert torchfeed.pad(seqs).padded.grad_fn is None
+    with torch.no_grad():
+        assert torchfeed.pad(grad_inputs()).padded.grad_fn is None
+    out = torchfeed.pad(grad_inputs())
+    assert out.padded.grad_fn is not None and out.mask.grad_fn is None
+
+
+def test_torch_compile_backward_matches_eager():
+    def loss(seqs):
+        out = torchfeed.pad(seqs, pad_value=-1.0, padding_side="left", pad_to_multiple_of=4)
+        return (out.padded * out.padded.new_tensor([1.0, -2.0])).sum()
+
+    eager_inputs, compiled_inputs = grad_inputs(), grad_inputs()
+    loss(eager_inputs).backward()
+    torch.compile(loss, fullgraph=True, backend="aot_eager")(compiled_inputs).backward()
+    for a, b in zip(eager_inputs, compiled_inputs, strict=True):
+        assert torch.equal(a.grad, b.grad)

@@ -113,9 +113,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pad_packed_cpu(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pad_list_cpu(
     at::TensorList sequences,  // B x [n_i, *feat]
     int64_t length, const at::Scalar& pad_value, bool left_pad, int64_t max_length,
-    bool truncate_left) {
+    bool truncate_left, int64_t multiple) {
   constexpr const char* op = "pad_list";
   pad::check_sequences(op, sequences);
+  length = pad::resolve_length(op, sequences, length, max_length, multiple);
   pad::check_options(op, length, max_length);
   // Contiguous sequences are read in place; only a non-contiguous one is copied first.
   std::vector<at::Tensor> seqs;

@@ -82,9 +82,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pad_list_cuda(at::TensorList sequ
                                                              int64_t length,
                                                              const at::Scalar& pad_value,
                                                              bool left_pad, int64_t max_length,
-                                                             bool truncate_left) {
+                                                             bool truncate_left, int64_t multiple) {
   constexpr const char* op = "pad_list";
   pad::check_sequences(op, sequences);
+  length = pad::resolve_length(op, sequences, length, max_length, multiple);
   pad::check_options(op, length, max_length);
   c10::cuda::CUDAGuard guard(sequences[0].device());
   // The lengths are known on the host: build the offsets there, in pinned memory, so the copy

@@ -151,7 +151,7 @@ def padded_length(
     if max_length is not None:
         longest = min(longest, max_length)
     if pad_to_multiple_of is not None:
-        longest = math.ceil(longest / pad_to_multiple_of) * pad_to_multiple_of
+        longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of  # ints (SymInts) only
     return longest
 
 
@@ -167,12 +167,7 @@ def check_sequences(sequences: Sequence[Tensor], *, for_kernel: bool = False) ->
     if not seqs:
         raise ValueError("sequences must hold at least one tensor, got an empty list")
     first = seqs[0]
-    if (
-        for_kernel
-        and type(first) is Tensor
-        and has_kernel("pad_list", (device := first.device).type)
-        and all(type(s) is Tensor and s.device == device for s in seqs)
-    ):
+    if for_kernel and type(first) is Tensor and has_kernel("pad_list", first.device.type):
         if first.dim() == 0:
             raise ValueError("sequences[0] must have at least one dimension, got a 0-d tensor")
         return seqs
@@ -287,7 +282,8 @@ def pad(
     ``max_length`` is dropped.
     """
     options = PadOptions(pad_value, padding_side, pad_to_multiple_of, max_length, truncation_side)
-    if isinstance(sequences, PackedSequences):
+    # (a list first: a runtime Protocol check costs microseconds)
+    if not isinstance(sequences, list | tuple) and isinstance(sequences, PackedSequences):
         return pad_packed_with(sequences.values, sequences.offsets, sequences.host_offsets, options)
     return pad_with(check_sequences(sequences, for_kernel=True), options)
 
@@ -295,24 +291,25 @@ def pad(
 def pad_with(seqs: list[Tensor], options: PadOptions) -> Padded:
     """:func:`pad` of checked sequences (:func:`check_sequences`) with checked options."""
     check_pad_value(options.pad_value, seqs[0].dtype)
-    length = options.length(s.shape[0] for s in seqs)
     device_type = seqs[0].device.type
     max_length = options.max_length
     if has_kernel("pad_list", device_type):
         try:
             out = torch.ops.torchfeed.pad_list(
                 seqs,
-                length,
+                -1,  # the kernel finds the longest length (a loop over shapes, in C++)
                 options.pad_value,
                 options.left_pad,
                 -1 if max_length is None else max_length,
                 options.truncate_left,
+                options.pad_to_multiple_of or 1,
             )
         except (TypeError, ValueError, RuntimeError):  # refused: say why in Python's words
             _check_each(seqs)
             raise
     else:
         warn_fallback("pad", device_type, "using the PyTorch reference")
+        length = options.length(s.shape[0] for s in seqs)
         out = reference.pad_sequences(
             seqs, length, options.pad_value, options.left_pad, max_length, options.truncate_left
         )
@@ -388,8 +385,17 @@ def _pad_packed_fake(
 
 @torch.library.register_fake("torchfeed::pad_list")
 def _pad_list_fake(
-    sequences, length, pad_value=0, left_pad=False, max_length=-1, truncate_left=False
+    sequences, length, pad_value=0, left_pad=False, max_length=-1, truncate_left=False, multiple=1
 ):
+    for i, s in enumerate(sequences):  # a mix with meta tensors dispatches here
+        if s.device != sequences[0].device:
+            raise ValueError(
+                f"pad_list: sequences[{i}] is on {s.device} but sequences[0] is on "
+                f"{sequences[0].device} (all sequences must share one device)"
+            )
+    if length == -1:
+        limit = None if max_length < 0 else max_length
+        length = padded_length([s.shape[0] for s in sequences], limit, multiple)
     first = sequences[0]
     batch = len(sequences)
     return (
@@ -399,51 +405,6 @@ def _pad_list_fake(
     )
 
 
-# --- autograd: the op is a copy, so its backward is the reverse gather --------------------------
-
-
-def _window(n: int, ctx) -> tuple[int, int, int]:
-    max_length = None if ctx.max_length < 0 else ctx.max_length
-    return reference.pad_window(n, ctx.length, max_length, ctx.left_pad, ctx.truncate_left)
-
-
-def _setup_list(ctx, inputs, output) -> None:
-    sequences, ctx.length, _, ctx.left_pad, ctx.max_length, ctx.truncate_left = inputs
-    ctx.lengths = [s.shape[0] for s in sequences]
-    ctx.mark_non_differentiable(output[1], output[2])
-
-
-def _backward_list(ctx, grad, _mask, _lengths):
-    grads = []
-    for b, n in enumerate(ctx.lengths):
-        kept, out_start, src_skip = _window(n, ctx)
-        g = grad.new_zeros((n, *grad.shape[2:]))
-        g[src_skip : src_skip + kept] = grad[b, out_start : out_start + kept]
-        grads.append(g)
-    return grads, None, None, None, None, None
-
-
-def _setup_packed(ctx, inputs, output) -> None:
-    values, offsets, ctx.length, _, ctx.left_pad, ctx.max_length, ctx.truncate_left = inputs
-    ctx.total = values.shape[0]
-    ctx.save_for_backward(offsets)
-    ctx.mark_non_differentiable(output[1], output[2])
-
-
-def _backward_packed(ctx, grad, _mask, _lengths):
-    (offsets,) = ctx.saved_tensors
-    host = offsets.tolist()  # backward only: reads the offsets back (a CUDA sync)
-    g = grad.new_zeros((ctx.total, *grad.shape[2:]))
-    for b, (start, end) in enumerate(itertools.pairwise(host)):
-        kept, out_start, src_skip = _window(end - start, ctx)
-        g[start + src_skip : start + src_skip + kept] = grad[b, out_start : out_start + kept]
-    return g, None, None, None, None, None, None
-
-
-torch.library.register_autograd("torchfeed::pad_list", _backward_list, setup_context=_setup_list)
-torch.library.register_autograd(
-    "torchfeed::pad_packed", _backward_packed, setup_context=_setup_packed
-)
-
+# Autograd: csrc/ops/autograd/pad.cpp (the gradient is the reverse gather of the copy).
 
 read_kernels("pad_list", "pad_packed")
