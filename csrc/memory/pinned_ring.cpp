@@ -7,9 +7,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -43,10 +45,33 @@ void check_cuda(cudaError_t err, const char* what) {
 }
 #endif
 
+// RLIMIT_MEMLOCK as text for messages: "N bytes" or "no limit".
+std::string memlock_limit_text() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return "unknown";
+  if (limit.rlim_cur == RLIM_INFINITY) return "no limit";
+  return std::to_string(limit.rlim_cur) + " bytes";
+}
+
+// Whether this process may lock memory beyond RLIMIT_MEMLOCK (CAP_IPC_LOCK, bit 14 of the
+// effective set). Unknown (no /proc) counts as yes: mlock() itself then says if it cannot.
+bool may_lock_beyond_limit() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("CapEff:", 0) == 0) {
+      const uint64_t caps = std::strtoull(line.c_str() + 7, nullptr, 16);
+      return (caps >> 14) & 1U;
+    }
+  }
+  return true;
+}
+
 void check_memlock_limit(int64_t capacity) {
   rlimit limit{};
-  if (geteuid() == 0 || getrlimit(RLIMIT_MEMLOCK, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
-    return;  // root (CAP_IPC_LOCK) or no limit: mlock() itself says if it cannot
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY ||
+      may_lock_beyond_limit()) {
+    return;
   }
   if (static_cast<uint64_t>(capacity) > static_cast<uint64_t>(limit.rlim_cur)) {
     throw std::invalid_argument("PinnedRing: mlock=True needs " + std::to_string(capacity) +
@@ -109,11 +134,13 @@ PinnedRing::PinnedRing(int64_t capacity, int64_t alignment, bool pinned, bool lo
     base_ = static_cast<uint8_t*>(p);
     if (lock_memory) {
       if (mlock(base_, static_cast<size_t>(capacity_)) != 0) {
+        const int err = errno;
         std::free(base_);
         base_ = nullptr;
-        throw std::runtime_error(
-            "PinnedRing: mlock of " + std::to_string(capacity_) +
-            " bytes failed (is RLIMIT_MEMLOCK, `ulimit -l`, large enough?); use mlock=False");
+        throw std::runtime_error("PinnedRing: mlock of " + std::to_string(capacity_) +
+                                 " bytes failed (" + std::strerror(err) +
+                                 "); RLIMIT_MEMLOCK (`ulimit -l`) allows " + memlock_limit_text() +
+                                 " without CAP_IPC_LOCK; raise the limit or use mlock=False");
       }
       locked_ = true;
     }

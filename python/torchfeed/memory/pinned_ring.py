@@ -22,7 +22,8 @@ _SHARED: dict[str, PinnedRing] = {}
 class PinnedRing(RingFences):
     """One arena of ``capacity`` bytes, allocated once: page-locked through the CUDA runtime
     when a GPU is usable (``pinned=None``), page-aligned host memory otherwise (optionally
-    ``mlock``-ed). Blocks of exact sizes (rounded up to ``alignment``) are handed out in FIFO
+    ``mlock``-ed: without CAP_IPC_LOCK, a capacity beyond RLIMIT_MEMLOCK is refused with both
+    numbers, never handed back unlocked). Blocks of exact sizes (rounded up to ``alignment``) are handed out in FIFO
     order with wrap-around.
 
     A block's bytes are reused only after its fence completed: every host tensor viewing it has
