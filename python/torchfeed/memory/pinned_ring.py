@@ -23,8 +23,8 @@ class PinnedRing(RingFences):
     """One arena of ``capacity`` bytes, allocated once: page-locked through the CUDA runtime
     when a GPU is usable (``pinned=None``), page-aligned host memory otherwise (optionally
     ``mlock``-ed: without CAP_IPC_LOCK, a capacity beyond RLIMIT_MEMLOCK is refused with both
-    numbers, never handed back unlocked). Blocks of exact sizes (rounded up to ``alignment``) are handed out in FIFO
-    order with wrap-around.
+    numbers, never handed back unlocked). Blocks of exact sizes (rounded up to ``alignment``)
+    are handed out in FIFO order with wrap-around.
 
     A block's bytes are reused only after its fence completed: every host tensor viewing it has
     been freed (the consumer released it) and every copy that reads it (:meth:`to_device`,
