@@ -503,6 +503,8 @@ def test_mlock_beyond_the_memlock_limit_is_an_error_with_the_numbers():
     result = subprocess.run(
         [*_without_ipc_lock(), sys.executable, "-c", code], capture_output=True, text=True
     )
+    if result.returncode != 0 and result.stderr.startswith("setpriv:"):
+        pytest.skip(f"cannot drop CAP_IPC_LOCK here: {result.stderr.strip()}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "refused: PinnedRing: mlock=True needs 1048576 bytes" in result.stdout, result.stdout
     assert "RLIMIT_MEMLOCK (`ulimit -l`) allows 65536 bytes" in result.stdout, result.stdout
