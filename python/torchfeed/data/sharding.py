@@ -174,25 +174,19 @@ class ShardedIterableDataset(IterableDataset):
         return self.open_item(item) if self.open_item else item
 
     def _segment(self, epoch: int, index: int, start: int, end: int) -> Iterator[Any]:
-        """Samples [start, end) of item ``index``."""
-        if self.mode == "sample":
-            if self.seed_samples:
-                seed_sample(self.seed, epoch, index, 0)
-            yield self._open(self.items[index])
+        """Samples [start, end) of item ``index``; sample ``end`` is never read."""
+        if start >= end:
             return
-        it = iter(self._open(self.items[index]))
-        for k in range(end):
-            if k >= start and self.seed_samples:
-                seed_sample(self.seed, epoch, index, k)  # before the sample is made
-            try:
-                sample = next(it)
-            except StopIteration:
-                raise RuntimeError(
-                    f"ShardedIterableDataset: shard {self.items[index]!r} gave {k} samples, but "
-                    f"item_lengths says {end}"
-                ) from None
-            if k >= start:
-                yield sample
+        k = start
+        for sample in self._seeded(epoch, index, start):
+            yield sample
+            k += 1
+            if k == end:
+                return
+        raise RuntimeError(
+            f"ShardedIterableDataset: shard {self.items[index]!r} gave {k} samples, but "
+            f"item_lengths says {end}"
+        )
 
     def _cycled(self, epoch: int, items: list[int], skip: int) -> Iterator[Any]:
         """samples_per_epoch samples, cycling through ``items`` (item indices), after ``skip``."""
@@ -305,23 +299,26 @@ class ShardedIterableDataset(IterableDataset):
                     yield sample
                 seen += 1
 
-    def _seeded(self, epoch: int, index: int) -> Iterator[Any]:
-        """The samples of item ``index`` (one, in sample mode), each made after seeding for it
-        (seed_samples)."""
+    def _seeded(self, epoch: int, index: int, start: int = 0) -> Iterator[Any]:
+        """The samples of item ``index`` (one, in sample mode) from sample ``start`` on, each
+        made after seeding for it (seed_samples); those before ``start`` are read past unseeded."""
         if self.mode == "sample":
-            if self.seed_samples:
-                seed_sample(self.seed, epoch, index, 0)
-            yield self._open(self.items[index])
+            if start == 0:
+                if self.seed_samples:
+                    seed_sample(self.seed, epoch, index, 0)
+                yield self._open(self.items[index])
             return
         it = iter(self._open(self.items[index]))
         k = 0
         while True:
-            if self.seed_samples:
-                seed_sample(self.seed, epoch, index, k)
+            if k >= start and self.seed_samples:
+                seed_sample(self.seed, epoch, index, k)  # before the sample is made
             try:
-                yield next(it)
+                sample = next(it)
             except StopIteration:
                 return
+            if k >= start:
+                yield sample
             k += 1
 
     # --- checkpoints ------------------------------------------------------------------------------
