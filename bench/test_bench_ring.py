@@ -63,7 +63,15 @@ def test_stage_ragged_uint8_fresh_buffer(benchmark, role, ragged_batch):
 # --- GPU: host-to-device bandwidth (scripts/gpu_check.sh) -------------------------------------
 
 
-def gbps(benchmark, nbytes):
+def bench_h2d(benchmark, copy, nbytes):
+    """Times ``copy()`` until the device has finished it, and records the bandwidth."""
+
+    def run():
+        out = copy()
+        torch.cuda.synchronize()
+        return out
+
+    benchmark(run)
     benchmark.extra_info["GB/s"] = round(nbytes / benchmark.stats.stats.median / 1e9, 2)
 
 
@@ -74,14 +82,9 @@ def test_h2d_ring_chunked(benchmark, role, float_batch):
     benchmark.group = "H2D 64x3x224x224 float32 (CUDA)"
     role("torchfeed")
     ring = PinnedRing(4 * 38_600_000)
-
-    def run():
-        out = ring.copy_to_device(float_batch, "cuda")
-        torch.cuda.synchronize()
-        return out
-
-    benchmark(run)
-    gbps(benchmark, float_batch["images"].nbytes)
+    bench_h2d(
+        benchmark, lambda: ring.copy_to_device(float_batch, "cuda"), float_batch["images"].nbytes
+    )
 
 
 @pytest.mark.cuda
@@ -90,42 +93,33 @@ def test_h2d_ring_stage_then_copy(benchmark, role, float_batch):
     benchmark.group = "H2D 64x3x224x224 float32 (CUDA)"
     role("baseline")
     ring = PinnedRing(4 * 38_600_000)
-
-    def run():
-        out = ring.to_device(ring.stage(float_batch), "cuda")
-        torch.cuda.synchronize()
-        return out
-
-    benchmark(run)
-    gbps(benchmark, float_batch["images"].nbytes)
+    bench_h2d(
+        benchmark,
+        lambda: ring.to_device(ring.stage(float_batch), "cuda"),
+        float_batch["images"].nbytes,
+    )
 
 
 @pytest.mark.cuda
 def test_h2d_pin_memory_per_batch(benchmark, role, float_batch):
     benchmark.group = "H2D 64x3x224x224 float32 (CUDA)"
     role("baseline")
-
-    def run():
-        out = {k: v.pin_memory().to("cuda", non_blocking=True) for k, v in float_batch.items()}
-        torch.cuda.synchronize()
-        return out
-
-    benchmark(run)
-    gbps(benchmark, float_batch["images"].nbytes)
+    bench_h2d(
+        benchmark,
+        lambda: {k: v.pin_memory().to("cuda", non_blocking=True) for k, v in float_batch.items()},
+        float_batch["images"].nbytes,
+    )
 
 
 @pytest.mark.cuda
 def test_h2d_pageable(benchmark, role, float_batch):
     benchmark.group = "H2D 64x3x224x224 float32 (CUDA)"
     role("baseline")
-
-    def run():
-        out = {k: v.to("cuda") for k, v in float_batch.items()}
-        torch.cuda.synchronize()
-        return out
-
-    benchmark(run)
-    gbps(benchmark, float_batch["images"].nbytes)
+    bench_h2d(
+        benchmark,
+        lambda: {k: v.to("cuda") for k, v in float_batch.items()},
+        float_batch["images"].nbytes,
+    )
 
 
 @pytest.mark.cuda
@@ -134,13 +128,7 @@ def test_h2d_peak_single_pinned_copy(benchmark, role, float_batch):
     role("floor")
     src = float_batch["images"].pin_memory()
     dst = torch.empty_like(src, device="cuda")
-
-    def run():
-        dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
-
-    benchmark(run)
-    gbps(benchmark, src.nbytes)
+    bench_h2d(benchmark, lambda: dst.copy_(src, non_blocking=True), src.nbytes)
 
 
 # --- the overlap scenario: an epoch of compute fed from the CPU -----------------------------------
@@ -165,59 +153,43 @@ def step(x, weights):
     return y.sum() + x.float().mean()
 
 
-@pytest.mark.cuda
-def test_overlap_compute_alone(benchmark, role, overlap_setup):
-    benchmark.group = "epoch: 20 steps fed from the CPU (CUDA)"
-    role("floor")
-    batches, weights = overlap_setup
-    gpu = [b.cuda() for b in batches]
+def bench_epoch(benchmark, feed, weights):
+    """Times one epoch: a step on every batch ``feed()`` yields (on the GPU), then a sync."""
 
     def epoch():
-        for x in gpu:
+        for x in feed():
             step(x, weights)
         torch.cuda.synchronize()
 
+    benchmark.group = "epoch: 20 steps fed from the CPU (CUDA)"
     benchmark.pedantic(epoch, rounds=5, warmup_rounds=1)
+
+
+@pytest.mark.cuda
+def test_overlap_compute_alone(benchmark, role, overlap_setup):
+    role("floor")
+    batches, weights = overlap_setup
+    gpu = [b.cuda() for b in batches]
+    bench_epoch(benchmark, lambda: gpu, weights)
 
 
 @pytest.mark.cuda
 def test_overlap_plain_to(benchmark, role, overlap_setup):
-    benchmark.group = "epoch: 20 steps fed from the CPU (CUDA)"
     role("baseline")
     batches, weights = overlap_setup
-
-    def epoch():
-        for x in batches:
-            step(x.to("cuda", non_blocking=True), weights)
-        torch.cuda.synchronize()
-
-    benchmark.pedantic(epoch, rounds=5, warmup_rounds=1)
+    bench_epoch(benchmark, lambda: (x.to("cuda", non_blocking=True) for x in batches), weights)
 
 
 @pytest.mark.cuda
 def test_overlap_prefetcher_made_once(benchmark, role, overlap_setup):
-    benchmark.group = "epoch: 20 steps fed from the CPU (CUDA)"
     role("torchfeed")
     batches, weights = overlap_setup
     prefetcher = torchfeed.DevicePrefetcher(batches, "cuda")
-
-    def epoch():
-        for x in prefetcher:
-            step(x, weights)
-        torch.cuda.synchronize()
-
-    benchmark.pedantic(epoch, rounds=5, warmup_rounds=1)
+    bench_epoch(benchmark, lambda: prefetcher, weights)
 
 
 @pytest.mark.cuda
 def test_overlap_prefetcher_made_per_epoch(benchmark, role, overlap_setup):
-    benchmark.group = "epoch: 20 steps fed from the CPU (CUDA)"
     role("torchfeed")
     batches, weights = overlap_setup
-
-    def epoch():
-        for x in torchfeed.DevicePrefetcher(batches, "cuda"):
-            step(x, weights)
-        torch.cuda.synchronize()
-
-    benchmark.pedantic(epoch, rounds=5, warmup_rounds=1)
+    bench_epoch(benchmark, lambda: torchfeed.DevicePrefetcher(batches, "cuda"), weights)
