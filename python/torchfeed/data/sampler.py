@@ -98,10 +98,15 @@ class DistributedSampler(Sampler[int]):
         resume = self._current()
         if resume is None:  # a fresh epoch: equal shares, no plan to build (O(1), not O(N))
             return [0] * self.num_replicas, [self._fresh_share()] * self.num_replicas
-        same = resume["consumers"] == self.num_replicas
-        base = list(resume["consumed"]) if same else [0] * self.num_replicas
-        plan = self.plan()
+        plan, base = self._resumed(resume)
         return base, [plan.length(r) - base[r] for r in range(self.num_replicas)]
+
+    def _resumed(self, resume: dict[str, Any]) -> tuple[EpochPlan, list[int]]:
+        """The plan of a resumed epoch and what each rank consumed of it already (nothing, when
+        the plan was redealt to another world size)."""
+        same = resume["consumers"] == self.num_replicas
+        consumed = list(resume["consumed"]) if same else [0] * self.num_replicas
+        return self.plan(), consumed
 
     def _fresh_share(self) -> int:
         n, r = self.length, self.num_replicas
@@ -109,15 +114,15 @@ class DistributedSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         order = self._order()
-        if self._current() is None:  # the plan's fresh share, read off directly
+        resume = self._current()
+        if resume is None:  # the plan's fresh share, read off directly
             n, r = len(order), self.num_replicas
             self._yielded = 0
             for k in range(self._fresh_share()):
                 self._yielded += 1
                 yield order[(self.rank + k * r) % n]
             return
-        base, _ = self.progress()
-        plan = self.plan()
+        plan, base = self._resumed(resume)
         self._yielded = base[self.rank]
         for position, _, _ in plan.remaining(self.rank, base[self.rank]):
             self._yielded += 1
