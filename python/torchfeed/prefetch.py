@@ -56,8 +56,9 @@ class DevicePrefetcher:
     - on a CPU-only machine: loading and ``transform`` still overlap with the step.
 
     ``pinned_ring=None`` uses the device's shared arena (:meth:`PinnedRing.for_device`, made on
-    the first GPU batch for ``depth + 2`` batches of that size and grown if a larger one comes;
-    every prefetcher on the device shares it, so one made per epoch page-locks nothing new);
+    the first GPU batch for ``depth + 2`` batches of that size, grown when a later prefetcher's
+    first batch needs more; every prefetcher on the device shares it, so one made per epoch
+    page-locks nothing new);
     ``pinned_ring=False``: plain copies; or a :class:`PinnedRing` of your own (the 0.1 keyword
     ``ring=`` still works, with a DeprecationWarning). A loader that says where its
     batches live (:class:`BatchSource`, e.g. a zero-copy loader whose workers wrote into

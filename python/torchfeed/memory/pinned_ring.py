@@ -32,8 +32,7 @@ class PinnedRing(RingFences):
     the block, so no event is recorded or polled. A full ring blocks the producer for up to
     ``timeout`` seconds, then raises ``TimeoutError`` naming the capacity, the bytes in flight
     and the request; a request larger than the arena raises ``ValueError`` at once.
-    Thread-safe: one thread can
-    stage while another consumes.
+    Thread-safe: one thread can stage while another consumes.
     """
 
     def __init__(
