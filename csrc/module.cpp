@@ -104,7 +104,6 @@ PYBIND11_MODULE(_C, m) {
 
   using torchfeed::SharedRing;
   pybind11::class_<SharedRing, std::shared_ptr<SharedRing>>(m, "_SharedRing")
-      .def_static("mapping_size", &SharedRing::mapping_size, pybind11::arg("capacity"))
       .def_static("create", &SharedRing::create, pybind11::arg("fd"), pybind11::arg("capacity"),
                   pybind11::arg("alignment"))
       .def_static("attach", &SharedRing::attach, pybind11::arg("fd"))
@@ -117,7 +116,6 @@ PYBIND11_MODULE(_C, m) {
       .def("record_many", &SharedRing::record_many, pybind11::arg("views"), pybind11::arg("stream"),
            pybind11::arg("device"))
       .def("register_pinned", &SharedRing::register_pinned)
-      .def("unregister_pinned", &SharedRing::unregister_pinned)
       .def("reclaim_dead", &SharedRing::reclaim_dead)
       .def("reclaim_before", &SharedRing::reclaim_before, pybind11::arg("generation"))
       .def("next_generation", &SharedRing::next_generation)

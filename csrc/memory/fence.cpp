@@ -86,7 +86,16 @@ void after_stream_work(const char* who, int64_t stream, int64_t device,
 #endif
 }
 
-void check_ring_capacity(const char* who, int64_t capacity) {
+void check_arena(const char* who, int64_t capacity, int64_t alignment) {
+  if (capacity <= 0) {
+    throw std::invalid_argument(std::string(who) + ": capacity must be > 0 bytes, got " +
+                                std::to_string(capacity));
+  }
+  if (alignment <= 0 || (alignment & (alignment - 1)) != 0 || alignment > 4096) {
+    throw std::invalid_argument(std::string(who) +
+                                ": alignment must be a power of two in [1, 4096], got " +
+                                std::to_string(alignment));
+  }
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return;  // unknown: let the allocation decide

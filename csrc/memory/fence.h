@@ -47,7 +47,9 @@ class Deadline {
 // the CUDA API. Throws std::invalid_argument in a build without CUDA.
 void after_stream_work(const char* who, int64_t stream, int64_t device, std::function<void()> done);
 
-// Refuses a ring larger than the machine's physical memory, with the numbers.
-void check_ring_capacity(const char* who, int64_t capacity);
+// The arguments of a ring's arena, checked once for both rings (std::invalid_argument naming
+// `who`): capacity > 0 bytes and within the machine's physical memory, alignment a power of two
+// in [1, 4096].
+void check_arena(const char* who, int64_t capacity, int64_t alignment);
 
 }  // namespace torchfeed

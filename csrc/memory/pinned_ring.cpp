@@ -85,15 +85,7 @@ void check_memlock_limit(int64_t capacity) {
 
 std::shared_ptr<PinnedRing> PinnedRing::create(int64_t capacity, int64_t alignment, int pinned,
                                                bool lock_memory) {
-  if (capacity <= 0) {
-    throw std::invalid_argument("PinnedRing: capacity must be > 0 bytes, got " +
-                                std::to_string(capacity));
-  }
-  if (alignment <= 0 || (alignment & (alignment - 1)) != 0 || alignment > 4096) {
-    throw std::invalid_argument("PinnedRing: alignment must be a power of two in [1, 4096], got " +
-                                std::to_string(alignment));
-  }
-  check_ring_capacity("PinnedRing", capacity);
+  check_arena("PinnedRing", capacity, alignment);
   bool use_pinned = false;
 #ifdef TORCHFEED_WITH_CUDA
   use_pinned = pinned == 1 || (pinned == -1 && gpu_usable());

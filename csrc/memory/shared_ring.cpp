@@ -32,11 +32,12 @@ void check(int rc, const char* what) {
   if (rc != 0) throw std::runtime_error(std::string("SharedRing: ") + what + " failed");
 }
 
-}  // namespace
-
-int64_t SharedRing::mapping_size(int64_t capacity) {
+// The mapping's size for a data area of `capacity` bytes.
+int64_t mapping_size(int64_t capacity) {
   return align_up(static_cast<int64_t>(sizeof(SharedControl)), 4096) + capacity;
 }
+
+}  // namespace
 
 SharedRing::SharedRing(int64_t base, int64_t size)
     : base_(base), size_(size), control_(reinterpret_cast<SharedControl*>(base)) {}
@@ -53,15 +54,7 @@ int64_t map_fd(int fd, int64_t size) {
 }  // namespace
 
 std::shared_ptr<SharedRing> SharedRing::create(int fd, int64_t capacity, int64_t alignment) {
-  if (capacity <= 0) {
-    throw std::invalid_argument("SharedRing: capacity must be > 0 bytes, got " +
-                                std::to_string(capacity));
-  }
-  if (alignment <= 0 || (alignment & (alignment - 1)) != 0 || alignment > 4096) {
-    throw std::invalid_argument("SharedRing: alignment must be a power of two in [1, 4096], got " +
-                                std::to_string(alignment));
-  }
-  check_ring_capacity("SharedRing", capacity);
+  check_arena("SharedRing", capacity, alignment);
   const int64_t size = mapping_size(capacity);
   if (ftruncate(fd, size) != 0) {
     throw std::runtime_error("SharedRing: cannot size the shared memory to " +
@@ -122,15 +115,21 @@ at::Tensor SharedRing::region(int64_t offset, int64_t nbytes) {
       at::TensorOptions().dtype(at::kByte).device(at::kCPU));
 }
 
-void SharedRing::lock() {
-  const int rc = pthread_mutex_lock(&control_->mu);
+SharedRing::Locked::Locked(SharedControl* control) : mu_(&control->mu) {
+  const int rc = pthread_mutex_lock(mu_);
   if (rc == EOWNERDEAD) {
     // Its holder died mid-update: the table is still consistent enough (each field is
     // written whole); mark the mutex usable and let reclaim_dead() free the dead one's regions.
-    pthread_mutex_consistent(&control_->mu);
+    pthread_mutex_consistent(mu_);
   } else if (rc != 0) {
     throw std::runtime_error("SharedRing: pthread_mutex_lock failed");
   }
+}
+
+SharedRing::Locked::~Locked() { pthread_mutex_unlock(mu_); }
+
+void SharedRing::Locked::wait_until(pthread_cond_t* cond, const timespec& wake) {
+  if (pthread_cond_timedwait(cond, mu_, &wake) == EOWNERDEAD) pthread_mutex_consistent(mu_);
 }
 
 std::tuple<int64_t, int64_t, int64_t> SharedRing::acquire(int64_t nbytes, double timeout_s) {
@@ -147,7 +146,7 @@ std::tuple<int64_t, int64_t, int64_t> SharedRing::acquire(int64_t nbytes, double
   }
   const int64_t size = std::min(c->capacity, align_up(std::max<int64_t>(nbytes, 1), c->alignment));
   const Deadline deadline("SharedRing.acquire", timeout_s);
-  lock();
+  Locked locked(c);
   bool waited = false;
   for (;;) {
     // first fit among the gaps between live regions
@@ -178,10 +177,7 @@ std::tuple<int64_t, int64_t, int64_t> SharedRing::acquire(int64_t nbytes, double
       int64_t in_use = size;
       for (const auto& u : used) in_use += u.second;
       c->high_water = std::max(c->high_water, in_use);
-      const std::tuple<int64_t, int64_t, int64_t> result{free_slot, s.generation,
-                                                         c->data_offset + at};
-      unlock();
-      return result;
+      return {free_slot, s.generation, c->data_offset + at};
     }
     // Full: regions of workers that died can go back at once.
     int64_t freed = 0;
@@ -204,7 +200,6 @@ std::tuple<int64_t, int64_t, int64_t> SharedRing::acquire(int64_t nbytes, double
         (s.state == kWorker ? by_workers : by_consumer) += 1;
       }
       const int64_t cap = c->capacity;
-      unlock();
       throw RingTimeoutError(
           "SharedRing.acquire: timed out " + deadline.describe() + " waiting for space: capacity " +
           std::to_string(cap) + " bytes, " + std::to_string(in_use) + " bytes in use by " +
@@ -215,9 +210,7 @@ std::tuple<int64_t, int64_t, int64_t> SharedRing::acquire(int64_t nbytes, double
     // Wake at the deadline, or now and then when waiting without one (to look for dead workers).
     int64_t sec = 0, nsec = 0;
     deadline.next_wake_monotonic(std::chrono::milliseconds(200), &sec, &nsec);
-    const timespec wake{static_cast<time_t>(sec), static_cast<long>(nsec)};
-    const int rc = pthread_cond_timedwait(&c->released, &c->mu, &wake);
-    if (rc == EOWNERDEAD) pthread_mutex_consistent(&c->mu);
+    locked.wait_until(&c->released, timespec{static_cast<time_t>(sec), static_cast<long>(nsec)});
   }
 }
 
@@ -225,30 +218,30 @@ void SharedRing::abandon(int64_t slot, int64_t generation) {
   if (slot < 0 || slot >= kSharedRingSlots) {
     throw std::invalid_argument("SharedRing.abandon: no slot " + std::to_string(slot));
   }
-  lock();
+  Locked locked(control_);
   SharedSlot& s = control_->slots[slot];
   if (s.generation == generation && s.state == kWorker) {
     s.state = kFree;
     pthread_cond_broadcast(&control_->released);
   }
-  unlock();
 }
 
 at::Tensor SharedRing::view(int64_t slot, int64_t generation, int64_t nbytes) {
   if (slot < 0 || slot >= kSharedRingSlots) {
     throw std::invalid_argument("SharedRing.view: no slot " + std::to_string(slot));
   }
-  lock();
-  SharedSlot& s = control_->slots[slot];
-  if (s.generation != generation || s.state != kWorker || nbytes > s.size) {
-    unlock();
-    throw std::runtime_error("SharedRing.view: the handle for slot " + std::to_string(slot) +
-                             " is stale (its region was reclaimed or released)");
+  int64_t offset = 0;
+  {
+    Locked locked(control_);
+    SharedSlot& s = control_->slots[slot];
+    if (s.generation != generation || s.state != kWorker || nbytes > s.size) {
+      throw std::runtime_error("SharedRing.view: the handle for slot " + std::to_string(slot) +
+                               " is stale (its region was reclaimed or released)");
+    }
+    s.state = kConsumer;
+    s.pid = static_cast<int32_t>(getpid());
+    offset = s.offset;
   }
-  s.state = kConsumer;
-  s.pid = static_cast<int32_t>(getpid());
-  const int64_t offset = s.offset;
-  unlock();
   {
     std::lock_guard<std::mutex> guard(local_mu_);
     local_[slot] = Local{generation, true, 0};
@@ -278,13 +271,12 @@ void SharedRing::release_if_done(int64_t slot, int64_t generation) {
     if (l.host_held || l.pending_copies > 0) return;
     local_.erase(it);
   }
-  lock();
+  Locked locked(control_);
   SharedSlot& s = control_->slots[slot];
   if (s.generation == generation && s.state == kConsumer) {
     s.state = kFree;
     pthread_cond_broadcast(&control_->released);
   }
-  unlock();
 }
 
 void SharedRing::copies_done(int64_t slot, int64_t generation) {
@@ -301,23 +293,23 @@ void SharedRing::copies_done(int64_t slot, int64_t generation) {
 int64_t SharedRing::record_many(const std::vector<at::Tensor>& views, int64_t stream,
                                 int64_t device) {
   std::vector<std::pair<int64_t, int64_t>> regions;  // (slot, generation), each once
-  lock();
-  for (const at::Tensor& view : views) {
-    const int64_t offset =
-        static_cast<int64_t>(reinterpret_cast<uintptr_t>(view.data_ptr())) - data_address();
-    int64_t slot = -1;
-    for (int i = 0; i < kSharedRingSlots; ++i) {
-      const SharedSlot& s = control_->slots[i];
-      if (s.state == kConsumer && offset >= s.offset && offset < s.offset + s.size) slot = i;
+  {
+    Locked locked(control_);
+    for (const at::Tensor& view : views) {
+      const int64_t offset =
+          static_cast<int64_t>(reinterpret_cast<uintptr_t>(view.data_ptr())) - data_address();
+      int64_t slot = -1;
+      for (int i = 0; i < kSharedRingSlots; ++i) {
+        const SharedSlot& s = control_->slots[i];
+        if (s.state == kConsumer && offset >= s.offset && offset < s.offset + s.size) slot = i;
+      }
+      if (slot < 0) {
+        throw std::invalid_argument("SharedRing.record_many: a tensor does not view a held region");
+      }
+      const std::pair<int64_t, int64_t> r{slot, control_->slots[slot].generation};
+      if (std::find(regions.begin(), regions.end(), r) == regions.end()) regions.push_back(r);
     }
-    if (slot < 0) {
-      unlock();
-      throw std::invalid_argument("SharedRing.record_many: a tensor does not view a held region");
-    }
-    const std::pair<int64_t, int64_t> r{slot, control_->slots[slot].generation};
-    if (std::find(regions.begin(), regions.end(), r) == regions.end()) regions.push_back(r);
   }
-  unlock();
   {
     std::lock_guard<std::mutex> guard(local_mu_);
     for (const auto& [slot, generation] : regions) local_[slot].pending_copies += 1;
@@ -364,7 +356,7 @@ void SharedRing::unregister_pinned() {
 
 template <typename Pred>
 int64_t SharedRing::reclaim_if(Pred stale) {
-  lock();
+  Locked locked(control_);
   int64_t freed = 0;
   for (SharedSlot& s : control_->slots) {
     if (s.state == kWorker && stale(s)) {
@@ -374,7 +366,6 @@ int64_t SharedRing::reclaim_if(Pred stale) {
   }
   control_->reclaimed += freed;
   if (freed) pthread_cond_broadcast(&control_->released);
-  unlock();
   return freed;
 }
 
@@ -387,14 +378,12 @@ int64_t SharedRing::reclaim_before(int64_t generation) {
 }
 
 int64_t SharedRing::next_generation() {
-  lock();
-  const int64_t g = control_->next_generation;
-  unlock();
-  return g;
+  Locked locked(control_);
+  return control_->next_generation;
 }
 
 std::map<std::string, int64_t> SharedRing::stats() {
-  lock();
+  Locked locked(control_);
   const SharedControl* c = control_;
   int64_t in_use = 0, by_workers = 0, by_consumer = 0;
   for (const SharedSlot& s : c->slots) {
@@ -407,7 +396,6 @@ std::map<std::string, int64_t> SharedRing::stats() {
       {"regions_in_workers", by_workers}, {"regions_in_consumer", by_consumer},
       {"allocations", c->allocations},    {"waits", c->waits},
       {"reclaimed", c->reclaimed},        {"high_water", c->high_water}};
-  unlock();
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include <pthread.h>
 
 #include <cstdint>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -48,8 +49,6 @@ struct SharedControl {
 
 class SharedRing : public std::enable_shared_from_this<SharedRing> {
  public:
-  // The mapping's size for a data area of `capacity` bytes.
-  static int64_t mapping_size(int64_t capacity);
   // Main process: sizes the memfd `fd`, maps it and initializes the control block.
   static std::shared_ptr<SharedRing> create(int fd, int64_t capacity, int64_t alignment);
   // Any process: maps a memfd that `create` initialized. The mapping lives as long as this
@@ -74,7 +73,6 @@ class SharedRing : public std::enable_shared_from_this<SharedRing> {
   int64_t record_many(const std::vector<at::Tensor>& views, int64_t stream, int64_t device);
   // Main: page-locks the data area with cudaHostRegister (returns false without a GPU).
   bool register_pinned();
-  void unregister_pinned();
   // Main: frees regions whose owner process is gone; returns how many.
   int64_t reclaim_dead();
   // Main: frees regions still with workers (written or in transit) that were acquired before
@@ -90,9 +88,23 @@ class SharedRing : public std::enable_shared_from_this<SharedRing> {
   std::map<std::string, int64_t> stats();
 
  private:
+  // The control block's process-shared mutex, held for a scope (released however it ends: a
+  // throw inside must never leave every worker blocked); takes over from a holder that died.
+  class Locked {
+   public:
+    explicit Locked(SharedControl* control);
+    ~Locked();
+    Locked(const Locked&) = delete;
+    Locked& operator=(const Locked&) = delete;
+    // Waits on `cond` (which shares the mutex) until it is signalled or `wake` passes.
+    void wait_until(pthread_cond_t* cond, const timespec& wake);
+
+   private:
+    pthread_mutex_t* mu_;
+  };
+
   SharedRing(int64_t base, int64_t size);
-  void lock();
-  void unlock() { pthread_mutex_unlock(&control_->mu); }
+  void unregister_pinned();
   void release_if_done(int64_t slot, int64_t generation);
   void copies_done(int64_t slot, int64_t generation);
   template <typename Pred>

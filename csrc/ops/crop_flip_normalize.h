@@ -210,6 +210,21 @@ struct LaunchShape {
   int64_t osb, osc, osh, osw;  // output strides
 };
 
+// Element i of a [batch, channels, rows, cols] array, in that logical order: its coordinates
+// (the thread-to-element mapping of both two-pass kernels).
+struct Element4 {
+  int64_t b, c, y, x;
+};
+
+TF_HOST_DEVICE TF_INLINE Element4 unflatten(int64_t i, int64_t channels, int64_t rows,
+                                            int64_t cols) {
+  const int64_t x = i % cols;
+  int64_t rest = i / cols;
+  const int64_t y = rest % rows;
+  rest /= rows;
+  return Element4{rest / channels, rest % channels, y, x};
+}
+
 // The CUDA kernels' sums use explicit fused multiply-adds (what nvcc would contract them to
 // anyway), so the emulation op computes the GPU's bits exactly on any host.
 //
@@ -219,12 +234,8 @@ struct LaunchShape {
 TF_HOST_DEVICE TF_INLINE bool vertical_element(int64_t i, const ImageDesc* images,
                                                const double* grid, float* scratch,
                                                const LaunchShape& p) {
-  const int64_t k = i % p.cols;
-  int64_t rest = i / p.cols;
-  const int64_t y = rest % p.out_h;
-  rest /= p.out_h;
-  const int64_t c = rest % p.channels;
-  const int64_t b = rest / p.channels;
+  const Element4 e = unflatten(i, p.channels, p.out_h, p.cols);
+  const int64_t b = e.b, c = e.c, y = e.y, k = e.x;
   const double* geom = grid + b * kGeomPerImage;
   const AxisPlan px = plan_axis(load_axis(geom + kGeomFields));
   int64_t x_lo, x_hi;
@@ -253,12 +264,8 @@ TF_HOST_DEVICE TF_INLINE bool vertical_element(int64_t i, const ImageDesc* image
 TF_HOST_DEVICE TF_INLINE float horizontal_element(int64_t i, const double* grid, const bool* flips,
                                                   const float* scratch, const ChannelAffine* affine,
                                                   const LaunchShape& p, int64_t* offset) {
-  const int64_t x = i % p.out_w;
-  int64_t rest = i / p.out_w;
-  const int64_t y = rest % p.out_h;
-  rest /= p.out_h;
-  const int64_t c = rest % p.channels;
-  const int64_t b = rest / p.channels;
+  const Element4 e = unflatten(i, p.channels, p.out_h, p.out_w);
+  const int64_t b = e.b, c = e.c, y = e.y, x = e.x;
   const AxisPlan px = plan_axis(load_axis(grid + b * kGeomPerImage + kGeomFields));
   int64_t x_lo, x_hi;
   tap_bounds(px, p.out_w, p.mode, p.antialias, &x_lo, &x_hi);
