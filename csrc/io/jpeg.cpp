@@ -21,6 +21,8 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
+#include "common/py_repr.h"
+
 namespace torchfeed::io {
 namespace {
 
@@ -166,7 +168,8 @@ bool read_window(Decoder& d, Window w, uint8_t* out, uint8_t* row, int rows_at_o
 const uint8_t* checked_data(const at::Tensor& data, const char* fn) {
   TORCH_CHECK_VALUE(data.device().is_cpu(), fn, ": data must be a CPU tensor, got ", data.device());
   TORCH_CHECK_TYPE(data.scalar_type() == at::kByte, fn,
-                   ": data must be uint8 (the encoded file's bytes), got ", data.scalar_type());
+                   ": data must be uint8 (the encoded file's bytes), got ",
+                   py_dtype(data.scalar_type()));
   TORCH_CHECK_VALUE(data.dim() == 1 && data.is_contiguous(), fn,
                     ": data must be a contiguous 1-D tensor of bytes, got shape ", data.sizes());
   TORCH_CHECK_VALUE(data.numel() > 0, fn, ": data is empty (0 bytes)");

@@ -8,26 +8,15 @@
 #include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/py_repr.h"
 #include "ops/crop_flip_normalize.h"
 
 namespace torchfeed::cfn {
-
-// A double as Python prints it (21.0, 0.5, nan), so messages read like the Python API's.
-inline std::string py_float(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[32];
-  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
-  std::string s(buf, r.ptr);
-  if (s.find_first_of(".e") == std::string::npos) s += ".0";
-  return s;
-}
 
 inline void check_common(const char* op, int64_t batch, int64_t channels, const at::Device& device,
                          const at::Tensor& grid, const at::Tensor& flips, int64_t interpolation,
@@ -38,12 +27,12 @@ inline void check_common(const char* op, int64_t batch, int64_t channels, const 
   TORCH_CHECK_VALUE(interpolation == kNearest || interpolation == kBilinear, op,
                     ": interpolation must be 0 (nearest) or 1 (bilinear), got ", interpolation);
   TORCH_CHECK_TYPE(grid.scalar_type() == at::kDouble, op, ": grid must be float64, got ",
-                   grid.scalar_type());
+                   py_dtype(grid.scalar_type()));
   TORCH_CHECK_VALUE(grid.dim() == 2 && grid.size(0) == batch && grid.size(1) == kGeomPerImage, op,
                     ": grid must have shape [", batch, ", ", kGeomPerImage, "], got ",
                     grid.sizes());
   TORCH_CHECK_TYPE(flips.scalar_type() == at::kBool, op, ": flips must be bool, got ",
-                   flips.scalar_type());
+                   py_dtype(flips.scalar_type()));
   TORCH_CHECK_VALUE(flips.dim() == 1 && flips.size(0) == batch, op, ": flips must have shape [",
                     batch, "], got ", flips.sizes());
   TORCH_CHECK_VALUE(grid.device().is_cpu() && flips.device().is_cpu(), op,
@@ -61,7 +50,7 @@ inline void check_common(const char* op, int64_t batch, int64_t channels, const 
   }
   const auto dtype = out.scalar_type();
   TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
-                   ": out must be float32, float16 or bfloat16, got ", dtype);
+                   ": out must be float32, float16 or bfloat16, got ", py_dtype(dtype));
   TORCH_CHECK_VALUE(out.dim() == 4 && out.size(0) == batch && out.size(1) == channels, op,
                     ": out must have shape [", batch, ", ", channels, ", H_out, W_out], got ",
                     out.sizes());
@@ -107,7 +96,7 @@ inline void check_image_size(const char* op, const std::string& name, int64_t h,
 // Descriptors of a dense batch [B, C, H, W] (any strides).
 inline std::vector<ImageDesc> describe_dense(const char* op, const at::Tensor& images) {
   TORCH_CHECK_TYPE(images.scalar_type() == at::kByte, op, ": images must be uint8, got ",
-                   images.scalar_type());
+                   py_dtype(images.scalar_type()));
   TORCH_CHECK_VALUE(images.dim() == 4, op, ": images must be [B, C, H, W], got ", images.sizes());
   if (images.size(0) > 0) check_image_size(op, "images", images.size(2), images.size(3));
   std::vector<ImageDesc> d(images.size(0));
@@ -135,7 +124,7 @@ inline std::vector<ImageDesc> describe_list(const char* op, at::TensorList image
     const at::Tensor& im = images[b];
     const std::string name = "images[" + std::to_string(b) + "]";
     TORCH_CHECK_TYPE(im.scalar_type() == at::kByte, op, ": ", name, " must be uint8, got ",
-                     im.scalar_type());
+                     py_dtype(im.scalar_type()));
     TORCH_CHECK_VALUE(im.dim() == 3, op, ": ", name, " must be 3-D ", layout, ", got shape ",
                       im.sizes());
     TORCH_CHECK_VALUE(im.size(cdim) == images[0].size(cdim), op, ": ", name, " has ", im.size(cdim),
@@ -155,13 +144,13 @@ inline std::vector<ImageDesc> describe_packed(const char* op, const at::Tensor& 
                                               const at::Tensor& shapes, bool images_hwc,
                                               int64_t* channels) {
   TORCH_CHECK_TYPE(data.scalar_type() == at::kByte, op, ": data must be uint8, got ",
-                   data.scalar_type());
+                   py_dtype(data.scalar_type()));
   TORCH_CHECK_VALUE(data.dim() == 1 && data.is_contiguous(), op,
                     ": data must be a contiguous 1-D buffer, got shape ", data.sizes());
   TORCH_CHECK_VALUE(shapes.device().is_cpu() && shapes.scalar_type() == at::kLong &&
                         shapes.dim() == 2 && shapes.size(1) == 4,
                     op, ": shapes must be an int64 CPU tensor [B, 4] (offset, C, H, W), got ",
-                    shapes.scalar_type(), " ", shapes.sizes(), " on ", shapes.device());
+                    py_dtype(shapes.scalar_type()), " ", shapes.sizes(), " on ", shapes.device());
   TORCH_CHECK_VALUE(shapes.size(0) >= 1, op, ": images must hold at least one image, got none");
   const auto s = shapes.accessor<int64_t, 2>();
   const int64_t total = data.numel();

@@ -42,7 +42,7 @@ Sizes read_sizes(const char* op, const at::Tensor& sizes) {
   TORCH_CHECK_VALUE(sizes.device().is_cpu(), op, ": sizes must be a CPU tensor, got ",
                     sizes.device());
   TORCH_CHECK_TYPE(sizes.scalar_type() == at::kLong, op, ": sizes must be int64, got ",
-                   sizes.scalar_type());
+                   py_dtype(sizes.scalar_type()));
   TORCH_CHECK_VALUE(sizes.dim() == 2 && sizes.size(1) == 2, op,
                     ": sizes must have shape [B, 2] (height, width), got ", sizes.sizes());
   const auto a = sizes.accessor<int64_t, 2>();
@@ -81,7 +81,7 @@ at::Tensor resized_crop_grid(const at::Tensor& sizes, const at::Tensor& boxes, i
                     ": boxes must have shape [", batch,
                     ", 4] (top, left, height, width per image), got ", boxes.sizes());
   TORCH_CHECK_TYPE(!boxes.is_complex() && boxes.scalar_type() != at::kBool, op,
-                   ": boxes must be real numbers, got ", boxes.scalar_type());
+                   ": boxes must be real numbers, got ", py_dtype(boxes.scalar_type()));
   const at::Tensor b64 = boxes.to(at::kDouble).contiguous();
   const double* bx = b64.data_ptr<double>();
   at::Tensor grid = at::empty({batch, kGeomPerImage}, at::kDouble);
@@ -94,8 +94,8 @@ at::Tensor resized_crop_grid(const at::Tensor& sizes, const at::Tensor& boxes, i
                         std::isfinite(width) && height > 0 && width > 0 && top >= 0 && left >= 0 &&
                         top + height <= static_cast<double>(s.h[b]) &&
                         left + width <= static_cast<double>(s.w[b]);
-    TORCH_CHECK_VALUE(inside, "boxes[", b, "] = [", cfn::py_float(top), ", ", cfn::py_float(left),
-                      ", ", cfn::py_float(height), ", ", cfn::py_float(width),
+    TORCH_CHECK_VALUE(inside, "boxes[", b, "] = [", py_float(top), ", ", py_float(left), ", ",
+                      py_float(height), ", ", py_float(width),
                       "] (top, left, height, width) must have a positive size and lie inside "
                       "image ",
                       b, " of size (H, W) = (", s.h[b], ", ", s.w[b], ")");

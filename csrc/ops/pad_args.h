@@ -5,9 +5,12 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
+
+#include "common/py_repr.h"
 
 namespace torchfeed::pad {
 
@@ -25,7 +28,7 @@ inline void check_options(const char* op, int64_t length, int64_t max_length) {
 
 inline void check_element_type(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_TYPE(!t.is_quantized(), op, ": ", name, " must not be quantized, got ",
-                   t.scalar_type());
+                   py_dtype(t.scalar_type()));
 }
 
 // values: [N, *feat]; offsets: [B+1] int64 on the same device.
@@ -34,7 +37,7 @@ inline void check_packed(const char* op, const at::Tensor& values, const at::Ten
                     ": values must have at least one dimension ([N, *feat]), got a 0-d tensor");
   check_element_type(op, "values", values);
   TORCH_CHECK_TYPE(offsets.scalar_type() == at::kLong, op, ": offsets must be int64, got ",
-                   offsets.scalar_type());
+                   py_dtype(offsets.scalar_type()));
   TORCH_CHECK_VALUE(offsets.dim() == 1 && offsets.size(0) >= 1, op,
                     ": offsets must be 1-D with B+1 >= 1 entries, got shape ", offsets.sizes());
   TORCH_CHECK_VALUE(offsets.device() == values.device(), op,
@@ -52,7 +55,7 @@ inline void check_offsets_values(const char* op, const int64_t* offsets, int64_t
                       " > offsets[", i, "]=", offsets[i]);
   }
   TORCH_CHECK_VALUE(offsets[count - 1] == total, op,
-                    ": offsets[-1] must equal values.size(0)=", total, ", got ",
+                    ": offsets[-1] must equal values.shape[0]=", total, ", got ",
                     offsets[count - 1]);
 }
 
@@ -66,8 +69,8 @@ inline void check_sequences(const char* op, at::TensorList seqs) {
     TORCH_CHECK_VALUE(s.dim() >= 1, op, ": sequences[", i,
                       "] must have at least one dimension ([n, *feat]), got a 0-d tensor");
     TORCH_CHECK_TYPE(s.scalar_type() == first.scalar_type(), op, ": sequences[", i, "] has dtype ",
-                     s.scalar_type(), " but sequences[0] has ", first.scalar_type(),
-                     " (all sequences must share one dtype)");
+                     py_dtype(s.scalar_type()), " but sequences[0] has ",
+                     py_dtype(first.scalar_type()), " (all sequences must share one dtype)");
     TORCH_CHECK_VALUE(s.device() == first.device(), op, ": sequences[", i, "] is on ", s.device(),
                       " but sequences[0] is on ", first.device(),
                       " (all sequences must share one device)");
@@ -87,13 +90,78 @@ inline Outputs allocate(const at::Tensor& like, int64_t batch, int64_t length) {
 }
 
 // The pad value as one element of `dtype`, in a 0-d CPU tensor whose bytes the kernels copy.
+// Refused unless the dtype holds it exactly (nothing is rounded, wrapped or overflowed to inf
+// silently): an integer dtype takes integers in its range (floats with no fraction too), bool
+// takes 0 and 1, a floating dtype takes any finite value in its range and inf or nan when asked
+// for, a complex dtype anything.
 inline at::Tensor pad_element(const char* op, const at::Scalar& pad_value, at::ScalarType dtype) {
-  at::Tensor element = at::empty({}, at::TensorOptions().dtype(dtype));
-  try {
-    element.fill_(pad_value);
-  } catch (const std::exception& e) {
-    TORCH_CHECK_VALUE(false, op, ": pad_value ", pad_value, " cannot be represented in ", dtype);
+  const std::string what = std::string(op) + ": pad_value=" + py_scalar(pad_value);
+  const std::string type = py_dtype(dtype);
+  if (!at::isComplexType(dtype)) {
+    TORCH_CHECK_VALUE(!pad_value.isComplex(), what, " is complex but the values are ", type);
   }
+  if (at::isFloatingType(dtype)) {
+    const double v = pad_value.toDouble();
+    double limit = std::numeric_limits<double>::max();
+    if (dtype == at::kFloat) limit = std::numeric_limits<float>::max();
+    if (dtype == at::kHalf) limit = static_cast<double>(std::numeric_limits<at::Half>::max());
+    if (dtype == at::kBFloat16) {
+      limit = static_cast<double>(std::numeric_limits<at::BFloat16>::max());
+    }
+    TORCH_CHECK_VALUE(!std::isfinite(v) || (v >= -limit && v <= limit), what, " overflows ", type,
+                      " (finite values in [", py_float(-limit), ", ", py_float(limit),
+                      "]; inf and nan are allowed when asked for)");
+  } else if (at::isIntegralType(dtype, /*includeBool=*/true)) {
+    // Exact integer bounds of the dtype, as long doubles (which hold every int64 and uint64).
+    long double lo = 0, hi = 1;  // bool
+    switch (dtype) {
+      case at::kByte:
+        hi = std::numeric_limits<uint8_t>::max();
+        break;
+      case at::kUInt16:
+        hi = std::numeric_limits<uint16_t>::max();
+        break;
+      case at::kUInt32:
+        hi = std::numeric_limits<uint32_t>::max();
+        break;
+      case at::kUInt64:
+        hi = std::numeric_limits<uint64_t>::max();
+        break;
+      case at::kChar:
+        lo = -128, hi = 127;
+        break;
+      case at::kShort:
+        lo = std::numeric_limits<int16_t>::min(), hi = std::numeric_limits<int16_t>::max();
+        break;
+      case at::kInt:
+        lo = std::numeric_limits<int32_t>::min(), hi = std::numeric_limits<int32_t>::max();
+        break;
+      case at::kLong:
+        lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+        break;
+      default:
+        break;
+    }
+    long double v = 0;
+    bool integral = true;
+    if (pad_value.isFloatingPoint()) {
+      const double d = pad_value.toDouble();
+      integral = std::isfinite(d) && d == std::floor(d);
+      v = d;
+    } else if (pad_value.isUnsigned()) {
+      v = static_cast<long double>(pad_value.toUInt64());
+    } else if (!pad_value.isComplex()) {
+      v = static_cast<long double>(pad_value.toLong());
+    }
+    const std::string range =
+        dtype == at::kBool ? "0 and 1 (False and True)"
+                           : "integers in [" + std::to_string(static_cast<long long>(lo)) + ", " +
+                                 std::to_string(static_cast<unsigned long long>(hi)) + "]";
+    TORCH_CHECK_VALUE(integral && v >= lo && v <= hi, what, " is not representable in ", type, " (",
+                      range, ")");
+  }
+  at::Tensor element = at::empty({}, at::TensorOptions().dtype(dtype));
+  element.fill_(pad_value);
   return element;
 }
 

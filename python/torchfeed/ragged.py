@@ -43,7 +43,8 @@ class RaggedBatch:
     @classmethod
     def from_sequences(cls, sequences: Sequence[Tensor]) -> RaggedBatch:
         """Packs a list of tensors ``[n_i, *feat]`` (one dtype, one device)."""
-        seqs = check_sequences(sequences)
+        seqs = list(sequences)
+        check_sequences(seqs)
         lengths = [s.shape[0] for s in seqs]
         offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
         values = torch.cat(seqs)

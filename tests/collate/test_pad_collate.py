@@ -213,7 +213,7 @@ def test_bad_configuration(kwargs, error, match):
         (PadCollate(), [{"a": torch.ones(2)}, {"a": torch.ones(2)[None]}], ValueError, r"field 'a' has shape \[2\] in sample 0 but \[1, 2\] in sample 1"),
         (PadCollate(), [{"a": torch.ones(2)}, {"a": 3}], TypeError, "field 'a' is a tensor in sample 0 but a int in sample 1"),
         (PadCollate(["a"]), [{"a": torch.arange(2), "a_mask": 1}], ValueError, "output name 'a_mask' for field 'a' collides"),
-        (PadCollate({"a": -1}), [{"a": torch.arange(2, dtype=torch.uint8)}], ValueError, "field 'a' of pad_value=-1 is not representable in torch.uint8"),
+        (PadCollate({"a": -1}), [{"a": torch.arange(2, dtype=torch.uint8)}], ValueError, "PadCollate: field 'a': pad_list: pad_value=-1 is not representable in torch.uint8"),
         (PadCollate(["a"]), [{"a": torch.arange(2)}, {"a": torch.arange(2.0)}], TypeError, r"sequences\[1\] has dtype"),
         (PadCollate([2]), [(1, 2)], ValueError, r"ragged positions \[2\] do not exist in samples of 2 fields"),
         (PadCollate(), [(1, 2), (1,)], ValueError, "sample 1 has 1 fields but sample 0 has 2"),

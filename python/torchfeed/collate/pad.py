@@ -14,14 +14,7 @@ from torch.utils.data import get_worker_info
 
 from torchfeed._compat import UNSET, renamed
 from torchfeed.collate._fields import collate_field
-from torchfeed.ops.pad import (
-    PadOptions,
-    PadValue,
-    Side,
-    check_pad_value,
-    check_sequences,
-    pad_with,
-)
+from torchfeed.ops.pad import PadOptions, PadValue, Side, pad_with
 from torchfeed.ragged import RaggedBatch
 
 __all__ = ["PadCollate"]
@@ -265,10 +258,8 @@ class PadCollate:
             if self.max_length is not None:
                 batch = batch.truncate(self.max_length, self.truncation_side)
             return batch
-        seqs = check_sequences(values, for_kernel=True)
-        options = self.options[key]
         try:
-            check_pad_value(options.pad_value, seqs[0].dtype)
-        except ValueError as e:
-            raise ValueError(f"PadCollate: {where}{e}") from None
-        return pad_with(seqs, options)
+            return pad_with(values, self.options[key])
+        except (TypeError, ValueError) as e:  # the op's words, with the field they are about
+            field = "" if key is None else f"field {key!r}: "
+            raise type(e)(f"PadCollate: {field}{e}") from None

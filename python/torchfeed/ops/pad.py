@@ -14,10 +14,9 @@ the op, so the output shape never depends on device data (no sync, no graph brea
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -25,22 +24,7 @@ from torch import Tensor
 from torchfeed import reference
 from torchfeed.ops._dispatch import has_kernel, read_kernels, warn_fallback
 
-__all__ = [
-    "PackedSequences",
-    "PadOptions",
-    "PadValue",
-    "Padded",
-    "Side",
-    "check_host_offsets",
-    "check_pad_value",
-    "check_sequences",
-    "check_side",
-    "pad",
-    "pad_packed",
-    "pad_packed_with",
-    "pad_with",
-    "padded_length",
-]
+__all__ = ["Padded", "pad", "pad_packed"]
 
 Side = Literal["right", "left"]
 PadValue = bool | int | float
@@ -55,8 +39,8 @@ class Padded(NamedTuple):
     lengths: Tensor
 
 
-def check_side(name: str, value: str) -> bool:
-    """Validates a ``"right"``/``"left"`` option; returns True for left."""
+def parse_side(name: str, value: str) -> bool:
+    """A ``"right"``/``"left"`` option: True for left."""
     if value not in ("right", "left"):
         raise ValueError(f"{name} must be 'right' or 'left', got {value!r}")
     return value == "left"
@@ -72,48 +56,19 @@ def _check_length_option(name: str, value: int | None) -> None:
 
 
 def _check_number(name: str, value: object) -> None:
-    if isinstance(value, Tensor) or not isinstance(value, bool | int | float | complex):
-        raise TypeError(f"{name} must be a Python number, got {type(value).__name__}")
-
-
-def check_pad_value(pad_value: PadValue, dtype: torch.dtype, name: str = "pad_value") -> None:
-    """Raises unless ``pad_value`` is exactly representable in ``dtype`` (nothing is rounded,
-    wrapped or overflowed to inf silently)."""
-    _check_number(name, pad_value)
-    if dtype.is_complex:
-        return
-    if isinstance(pad_value, complex):
-        raise ValueError(f"{name}={pad_value!r} is complex but the values are {dtype}")
-    if dtype.is_floating_point:
-        if math.isfinite(pad_value):
-            finfo = torch.finfo(dtype)
-            if not finfo.min <= pad_value <= finfo.max:
-                raise ValueError(
-                    f"{name}={pad_value!r} overflows {dtype} (finite values in "
-                    f"[{finfo.min}, {finfo.max}]; inf and nan are allowed when asked for)"
-                )
-        return
-    if dtype == torch.bool:
-        if pad_value not in (0, 1):
-            raise ValueError(f"{name}={pad_value!r} is not representable in torch.bool")
-        return
-    integral = isinstance(pad_value, bool | int) or (
-        isinstance(pad_value, float) and pad_value.is_integer()
-    )
-    info = torch.iinfo(dtype)
-    if not integral or not info.min <= pad_value <= info.max:
-        raise ValueError(
-            f"{name}={pad_value!r} is not representable in {dtype} "
-            f"(integers in [{info.min}, {info.max}])"
-        )
+    if isinstance(value, Tensor) or not isinstance(value, bool | int | float):
+        raise TypeError(f"{name} must be a Python number (bool, int or float), got {value!r}")
+    if isinstance(value, int) and not -(1 << 63) <= value < 1 << 64:
+        raise ValueError(f"{name}={value} is not representable in any integer dtype")
 
 
 @dataclass(frozen=True)
 class PadOptions:
-    """How ragged sequences are padded, validated once: ``pad_value``, ``padding_side`` (pads
-    after ``"right"`` or before ``"left"`` the real elements), ``pad_to_multiple_of`` (round
-    the padded length up), ``max_length`` (truncate longer sequences) and ``truncation_side``
-    (which end of a long sequence is dropped)."""
+    """How ragged sequences are padded, validated once, where they enter: ``pad_value`` (a
+    number; whether the values' dtype holds it exactly is the kernel's check, per call),
+    ``padding_side`` (pads after ``"right"`` or before ``"left"`` the real elements),
+    ``pad_to_multiple_of`` (round the padded length up), ``max_length`` (truncate longer
+    sequences) and ``truncation_side`` (which end of a long sequence is dropped)."""
 
     pad_value: PadValue = 0
     padding_side: Side = "right"
@@ -123,8 +78,8 @@ class PadOptions:
 
     def __post_init__(self) -> None:
         _check_number("pad_value", self.pad_value)
-        check_side("padding_side", self.padding_side)
-        check_side("truncation_side", self.truncation_side)
+        parse_side("padding_side", self.padding_side)
+        parse_side("truncation_side", self.truncation_side)
         _check_length_option("pad_to_multiple_of", self.pad_to_multiple_of)
         _check_length_option("max_length", self.max_length)
 
@@ -155,35 +110,36 @@ def padded_length(
     return longest
 
 
-def check_sequences(sequences: Sequence[Tensor], *, for_kernel: bool = False) -> list[Tensor]:
-    """A non-empty list of tensors ``[n_i, *feat]`` of one dtype and device. ``for_kernel``:
-    bound for a compiled kernel, which checks them itself (see :func:`pad_with`)."""
-    if isinstance(sequences, Tensor):
+def _as_list(sequences: Sequence[Tensor]) -> list[Tensor]:
+    if isinstance(sequences, Tensor) or not isinstance(sequences, Sequence):
         raise TypeError(
-            "sequences must be a list of tensors [n_i, *feat]; for one packed tensor use "
+            "sequences must be a list of tensors [n_i, *feat], got "
+            f"{type(sequences).__name__}; for one packed tensor use "
             "torchfeed.pad_packed(values, offsets) or torchfeed.RaggedBatch"
         )
-    seqs = list(sequences)
-    if not seqs:
-        raise ValueError("sequences must hold at least one tensor, got an empty list")
-    first = seqs[0]
-    if for_kernel and type(first) is Tensor and has_kernel("pad_list", first.device.type):
-        if first.dim() == 0:
-            raise ValueError("sequences[0] must have at least one dimension, got a 0-d tensor")
-        return seqs
-    _check_each(seqs)
-    return seqs
+    return list(sequences)
 
 
-def _check_each(seqs: list[Tensor]) -> None:
-    first = seqs[0]
+def _check_tensors(seqs: Sequence[Any]) -> None:
+    """What the dispatcher cannot say well: an element that is not a tensor."""
     for i, s in enumerate(seqs):
         if not isinstance(s, Tensor):
             raise TypeError(f"sequences[{i}] must be a tensor, got {type(s).__name__}")
+
+
+def check_sequences(seqs: Sequence[Any]) -> None:
+    """The kernels' checks of a list of sequences (``csrc/ops/pad_args.h``: at least one tensor
+    ``[n_i, *feat]``, one dtype, one device, the same trailing dims), in the same words, for the
+    paths that run no kernel of ours: the reference fallback and packing with ``torch.cat``."""
+    if not seqs:
+        raise ValueError("sequences must hold at least one tensor, got none")
+    _check_tensors(seqs)
+    first = seqs[0]
+    for i, s in enumerate(seqs):
         if s.dim() == 0:
-            raise ValueError(f"sequences[{i}] must have at least one dimension, got a 0-d tensor")
-        # The compiled kernels check these too; the reference path would convert silently, and
-        # a meta or fake tensor next to real ones would give uninitialized memory.
+            raise ValueError(
+                f"sequences[{i}] must have at least one dimension ([n, *feat]), got a 0-d tensor"
+            )
         if s.dtype != first.dtype:
             raise TypeError(
                 f"sequences[{i}] has dtype {s.dtype} but sequences[0] has {first.dtype} "
@@ -201,18 +157,27 @@ def _check_each(seqs: list[Tensor]) -> None:
             )
 
 
+def _check_pad_value_on_host(pad_value: PadValue, dtype: torch.dtype) -> None:
+    """The kernels' pad value check (exactly representable in ``dtype``) for the reference path,
+    which no kernel of ours sees: the CPU kernel run on an empty batch of that dtype, so the
+    check has one implementation and one wording."""
+    torch.ops.torchfeed.pad_list([torch.empty(0, dtype=dtype)], 0, pad_value)
+
+
 def check_host_offsets(
     values: Tensor, offsets: Tensor, lengths: Sequence[int] | None
 ) -> tuple[int, ...]:
-    """Checks packed ``values`` ``[N, *feat]`` and ``offsets`` ``[B+1]`` int64; returns the
-    offsets on the host: from ``lengths`` when given (no device read), else read back (which
-    synchronizes a CUDA device)."""
+    """Packed ``values`` ``[N, *feat]`` and ``offsets`` ``[B+1]`` int64: the offsets on the
+    host, from ``lengths`` when given (no device read), else read back (which synchronizes a
+    CUDA device). The host needs them to size the output; these checks are the kernels' own
+    (``check_packed``, ``check_offsets_values``) in the same words, for offsets that a CUDA
+    kernel cannot read without a sync."""
     if not isinstance(values, Tensor):
         raise TypeError(f"values must be a tensor [N, *feat], got {type(values).__name__}")
     if not isinstance(offsets, Tensor):
         raise TypeError(f"offsets must be an int64 tensor [B+1], got {type(offsets).__name__}")
     if values.dim() < 1:
-        raise ValueError("values must have at least one dimension ([N, *feat]), got 0-d")
+        raise ValueError("values must have at least one dimension ([N, *feat]), got a 0-d tensor")
     if offsets.dtype != torch.int64:
         raise TypeError(f"offsets must be int64, got {offsets.dtype}")
     if offsets.dim() != 1 or offsets.shape[0] < 1:
@@ -279,40 +244,45 @@ def pad(
     ``L`` is the longest length after truncation to ``max_length``, rounded up to
     ``pad_to_multiple_of``. ``padding_side`` puts the pads after (``"right"``) or before
     (``"left"``) the real elements; ``truncation_side`` says which end of a sequence longer than
-    ``max_length`` is dropped.
+    ``max_length`` is dropped. ``pad_value`` must be exactly representable in the dtype.
     """
     options = PadOptions(pad_value, padding_side, pad_to_multiple_of, max_length, truncation_side)
     # (a list first: a runtime Protocol check costs microseconds)
     if not isinstance(sequences, list | tuple) and isinstance(sequences, PackedSequences):
         return pad_packed_with(sequences.values, sequences.offsets, sequences.host_offsets, options)
-    return pad_with(check_sequences(sequences, for_kernel=True), options)
+    return pad_with(_as_list(sequences), options)
 
 
 def pad_with(seqs: list[Tensor], options: PadOptions) -> Padded:
-    """:func:`pad` of checked sequences (:func:`check_sequences`) with checked options."""
-    check_pad_value(options.pad_value, seqs[0].dtype)
-    device_type = seqs[0].device.type
+    """:func:`pad` of a list with options validated already. The compiled kernel checks the
+    sequences and the pad value itself (its messages name the argument and the value)."""
+    if not seqs:  # the dispatcher has no tensor to dispatch on, and says nothing useful
+        raise ValueError("sequences must hold at least one tensor, got none")
+    first = seqs[0]
+    device_type = first.device.type if isinstance(first, Tensor) else "cpu"
     max_length = options.max_length
-    if has_kernel("pad_list", device_type):
-        try:
-            out = torch.ops.torchfeed.pad_list(
-                seqs,
-                -1,  # the kernel finds the longest length (a loop over shapes, in C++)
-                options.pad_value,
-                options.left_pad,
-                -1 if max_length is None else max_length,
-                options.truncate_left,
-                options.pad_to_multiple_of or 1,
-            )
-        except (TypeError, ValueError, RuntimeError):  # refused: say why in Python's words
-            _check_each(seqs)
-            raise
-    else:
+    if not has_kernel("pad_list", device_type):
+        check_sequences(seqs)
+        _check_pad_value_on_host(options.pad_value, seqs[0].dtype)
         warn_fallback("pad", device_type, "using the PyTorch reference")
         length = options.length(s.shape[0] for s in seqs)
         out = reference.pad_sequences(
             seqs, length, options.pad_value, options.left_pad, max_length, options.truncate_left
         )
+        return Padded(*out)
+    try:
+        out = torch.ops.torchfeed.pad_list(
+            seqs,
+            -1,  # the kernel finds the longest length (a loop over shapes, in C++)
+            options.pad_value,
+            options.left_pad,
+            -1 if max_length is None else max_length,
+            options.truncate_left,
+            options.pad_to_multiple_of or 1,
+        )
+    except RuntimeError:  # the dispatcher's words for a non-tensor element: say which one
+        _check_tensors(seqs)
+        raise
     return Padded(*out)
 
 
@@ -342,8 +312,8 @@ def pad_packed(
 def pad_packed_with(
     values: Tensor, offsets: Tensor, host_offsets: Sequence[int], options: PadOptions
 ) -> Padded:
-    """:func:`pad_packed` with offsets already checked (:func:`check_host_offsets`)."""
-    check_pad_value(options.pad_value, values.dtype)
+    """:func:`pad_packed` with the offsets on the host checked already
+    (:func:`check_host_offsets`)."""
     length = options.length(b - a for a, b in itertools.pairwise(host_offsets))
     device_type = values.device.type
     max_length = options.max_length
@@ -358,6 +328,7 @@ def pad_packed_with(
             options.truncate_left,
         )
     else:
+        _check_pad_value_on_host(options.pad_value, values.dtype)
         warn_fallback("pad_packed", device_type, "using the PyTorch reference")
         out = reference.pad_packed(
             values,
