@@ -73,7 +73,7 @@ def test_crop_torchfeed_fresh_output(benchmark, role, images):
     sizes = [tuple(im.shape[1:]) for im in images]
 
     def fresh():
-        boxes = torchfeed.transforms.sample_resized_crop_params(sizes, generator=g)
+        boxes = torchfeed.sampling.sample_resized_crop_params(sizes, generator=g)
         flips = torchfeed.transforms.sample_flips(BATCH, 0.5, g)
         return torchfeed.crop_flip_normalize(images, boxes, flips, 224, mean=MEAN, std=STD)
 
@@ -135,8 +135,6 @@ def test_crop_floor_write_output_once(benchmark, role):
     benchmark(out.copy_, src)
 
 
-# --- the same images in decoder memory order (HWC, what decode_image returns) -------------------
-
 DECODED = "crop 64 decoded (HWC memory) -> 224 (CPU)"
 
 
@@ -159,9 +157,6 @@ def test_decoded_torchvision_per_image(benchmark, role, decoded):
     role("baseline")
     t = torchvision_pipeline()
     benchmark(lambda: torch.stack([t(im) for im in decoded]))
-
-
-# --- a dense batch: torchvision and kornia can take it whole -------------------------------------
 
 
 def test_dense_torchfeed(benchmark, role, dense):
@@ -189,9 +184,6 @@ def test_dense_kornia(benchmark, role, dense):
         kornia.augmentation.Normalize(torch.tensor(MEAN), torch.tensor(STD)),
     )
     benchmark(lambda: aug(dense.float() / 255))
-
-
-# --- on the GPU (scripts/gpu_check.sh) ---------------------------------------------------------
 
 
 def cuda_sync(fn):
@@ -230,7 +222,6 @@ def test_crop_cuda_floor_write_output_once(benchmark, role):
     benchmark(cuda_sync(lambda: out.copy_(src)))
 
 
-# --- the host side: how much of a call is not the kernel ------------------------------------------
 # 64 tiny images through the whole transform (the kernel does almost nothing) against the CPU
 # kernel on 64 real images to 224 in the same session. Goal: at most 1.5%.
 
@@ -269,9 +260,6 @@ def test_host_overhead_work_64_real_images(benchmark, role, images):
     role("work")
     t = RandomResizedCropFlipNormalize(224, mean=MEAN, std=STD)
     benchmark(t, images)
-
-
-# --- CUDA: 256 ragged images, and a dense batch with per-image crops ----------------------------
 
 
 @pytest.fixture(scope="module")

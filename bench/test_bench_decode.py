@@ -11,9 +11,9 @@ import pytest
 import torch
 from torchvision.io import ImageReadMode, decode_image, encode_jpeg
 
-import torchfeed.io as tio
-import torchfeed.ops.decode_jpeg_window as jpeg_op
-from torchfeed.pipeline_bench.dataset import synthetic_image
+import torchfeed.decode as tio
+import torchfeed.ops._jpeg as jpeg_op
+from torchfeed._pipeline_bench.dataset import synthetic_image
 from torchfeed.transforms import resized_crop_box
 
 BATCH = 64
@@ -29,7 +29,7 @@ def jpegs():
 
 
 def test_decode_crop_torchfeed_window(benchmark, role, jpegs):
-    if not jpeg_op.WINDOW_DECODER:
+    if not jpeg_op.window_decoder():
         pytest.skip("built without libjpeg-turbo")
     benchmark.group = GROUP
     role("torchfeed")

@@ -76,9 +76,6 @@ def test_pad_floor_alloc_and_copy(benchmark, role, case):
     benchmark(floor, seqs)
 
 
-# --- PadCollate vs the hand-written collate it replaces ------------------------------------------
-
-
 def make_samples():
     g = torch.Generator().manual_seed(1)
     samples = []
@@ -121,9 +118,6 @@ def test_collate_handwritten(benchmark, role, samples):
     benchmark.group = "collate 64 dicts"
     role("baseline")
     benchmark(handwritten_collate, samples)
-
-
-# --- on the GPU (scripts/gpu_check.sh) ------------------------------------------------------------
 
 
 def synchronized(fn, *args):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torchfeed
-import torchfeed.tree
+import torchfeed._tree
 from torchfeed import PinnedRing
 
 FLOAT_BATCH = (64, 3, 224, 224)
@@ -31,7 +31,7 @@ def ragged_batch():
 
 
 def fresh_copy(batch):
-    return torchfeed.tree.map_tensors(batch, lambda t: torch.empty_like(t).copy_(t))
+    return torchfeed._tree.map_tensors(batch, lambda t: torch.empty_like(t).copy_(t))
 
 
 def test_stage_float_ring(benchmark, role, float_batch):
@@ -58,9 +58,6 @@ def test_stage_ragged_uint8_fresh_buffer(benchmark, role, ragged_batch):
     benchmark.group = "stage 64 ragged uint8 images (CPU)"
     role("baseline")
     benchmark(fresh_copy, ragged_batch)
-
-
-# --- GPU: host-to-device bandwidth (scripts/gpu_check.sh) -------------------------------------
 
 
 def bench_h2d(benchmark, copy, nbytes):
@@ -131,7 +128,6 @@ def test_h2d_peak_single_pinned_copy(benchmark, role, float_batch):
     bench_h2d(benchmark, lambda: dst.copy_(src, non_blocking=True), src.nbytes)
 
 
-# --- the overlap scenario: an epoch of compute fed from the CPU -----------------------------------
 # 20 steps of ~8 ms GPU compute (three 4096^2 fp32 matmuls), each fed a 64x3x224x224 uint8 CPU
 # batch. Goal: the epoch within 1.03x compute alone, with the prefetcher made once and with one
 # made per epoch (its arena is shared, not page-locked anew).

@@ -98,9 +98,6 @@ def test_tokens_ordinary_path(benchmark, role, token_samples):
     assert benchmark.pedantic(epoch(make(token_samples, collate, False)), rounds=5) == BATCHES
 
 
-# --- GPU: end to end to device memory ---------------------------------------------------------
-
-
 def to_device_epoch(dl, prefetch: bool):
     def run():
         n = 0

@@ -57,8 +57,6 @@ def test_ops_registered():
         assert hasattr(torch.ops.torchfeed, op)
 
 
-# --- one C++ runtime: torch's ------------------------------------------------------------------
-
 TORCH_LIB = Path(torch.__file__).parent / "lib"
 CHECKER = Path(_cxx_runtime.__file__)
 
@@ -168,9 +166,6 @@ def test_every_ops_error_path_raises_in_python():
     assert raised.pop("crop") == "TypeError"
     assert raised.pop("ring_timeout") == "TimeoutError"
     assert all(kind == "RuntimeError" for kind in raised.values()), raised
-
-
-# --- CUDA architectures ------------------------------------------------------------------------
 
 
 def fatbin_entries(path: str) -> set[tuple[str, int]]:

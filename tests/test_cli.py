@@ -13,7 +13,7 @@ import pytest
 import torch
 from torchvision.io import encode_jpeg
 
-from torchfeed.pipeline_bench.dataset import list_image_folder, synthetic_image
+from torchfeed._pipeline_bench.dataset import list_image_folder, synthetic_image
 
 QUICK = ["--quick", "--images", "40", "--batch-size", "16", "--workers", "1",
          "--text-samples", "64", "--no-progress"]  # fmt: skip
@@ -127,7 +127,7 @@ def test_doctor():
     assert "torchfeed doctor" in out and "CPU kernels:" in out and "/dev/shm" in out
     assert "leaves no CPU for the main process" in out  # 16 workers on this machine
     assert "smaller than the batches in flight" in out  # 16 x 2 x 1 TB
-    assert "crop-window JPEG decoding (torchfeed.io):" in out
+    assert "crop-window JPEG decoding (torchfeed.decode):" in out
     assert "OMP_WAIT_POLICY=PASSIVE" in out  # 16 workers + the main process's threads
     passive = run_cli("doctor", "--workers", "16", OMP_WAIT_POLICY="PASSIVE")
     assert passive.returncode == 0 and "OMP_WAIT_POLICY" not in passive.stdout

@@ -23,14 +23,16 @@ from torchvision.io import ImageReadMode, decode_image
 
 import torchfeed
 import torchfeed.limits
-import torchfeed.ops.decode_jpeg_window as jpeg_op
+import torchfeed.ops._jpeg as jpeg_op
 import torchfeed.transforms
-from torchfeed import PadCollate, PinnedRing, SharedRing
-from torchfeed.data import ShardedIterableDataset, SkipCorrupt, rank_and_world_size
-from torchfeed.io import DecodeRandomCrop, decode_window
+from torchfeed import PadCollate, PinnedRing
+from torchfeed.data import ShardedIterableDataset, SkipCorrupt
+from torchfeed.data._distributed import rank_and_world_size
+from torchfeed.decode import DecodeRandomCrop, decode_window
+from torchfeed.memory import SharedRing
 from torchfeed.sampling import sample_resized_crop_params
 
-needs_window_decoder = pytest.mark.skipif(not jpeg_op.WINDOW_DECODER, reason="no libjpeg-turbo")
+needs_window_decoder = pytest.mark.skipif(not jpeg_op.window_decoder(), reason="no libjpeg-turbo")
 
 
 def jpeg(h=40, w=56, seed=0, **options) -> bytes:
@@ -60,8 +62,6 @@ def claiming(data: bytes, height: int, width: int) -> bytes:
         i += 2 + length
     raise AssertionError("no frame header")
 
-
-# --- integer arithmetic near the int64 limits -----------------------------------------------------
 
 BIG = [2**63 - 1, 2**63 - 4, 2**63 - 10, 2**62, 2**31, -(2**63), -1]
 
@@ -112,9 +112,6 @@ def test_shared_ring_requests_near_the_int64_limit_are_refused():
         ring._ring.abandon(2**62, 0)
     with pytest.raises(ValueError, match="out of the mapping"):
         ring._ring.region(2**63 - 10, 100)
-
-
-# --- waits: a finite number of seconds, or None for no limit --------------------------------------
 
 
 @pytest.mark.parametrize("timeout", [math.inf, math.nan, 0, -1.0, -math.inf])
@@ -186,9 +183,6 @@ def test_random_timeouts(timeout):
     del held
 
 
-# --- SkipCorrupt: bounded, and an index out of range ends iteration --------------------------------
-
-
 class Flaky(Dataset):
     def __init__(self, n, bad=()):
         self.n, self.bad = n, set(bad)
@@ -217,9 +211,6 @@ def test_skip_corrupt_ends_iteration_and_refuses_out_of_range():
 def test_skip_corrupt_when_every_sample_is_corrupt_raises_instead_of_recursing():
     with pytest.raises(RuntimeError, match="sample 0 and the 3 after it all failed"):
         SkipCorrupt(Flaky(4, bad=range(4)), max_retries=3)[0]
-
-
-# --- silent wrong results --------------------------------------------------------------------------
 
 
 def test_pad_value_that_overflows_the_dtype_is_refused():
@@ -296,7 +287,7 @@ def test_sharding_that_would_silently_read_nothing_is_refused(monkeypatch):
 def test_random_sharding_configurations(n, world, workers, uneven):
     """Every consumer's share, put together: exactly-once over what is kept, never silently
     empty, equal counts (drop leaves out at most consumers - 1; pad repeats at most that)."""
-    from torchfeed.data import split_for_consumer
+    from torchfeed.data._plan import split_for_consumer
 
     consumers = world * workers
     shares = [split_for_consumer(list(range(n)), c, consumers, uneven) for c in range(consumers)]
@@ -306,9 +297,6 @@ def test_random_sharding_configurations(n, world, workers, uneven):
         assert len(flat) == len(set(flat)) == n - n % consumers
     else:
         assert set(flat) == set(range(n)) and len(flat) - n < consumers
-
-
-# --- JPEG bytes mutated: no garbage returned ---------------------------------------------------
 
 
 def pil_decode(data: bytes) -> torch.Tensor | None:
@@ -377,9 +365,6 @@ def test_a_corrupt_marker_inside_the_window_is_an_error():
         decode_window(bytes(data), (0, 0, 64, 80))
 
 
-# --- bounded memory ------------------------------------------------------------------------------
-
-
 @needs_window_decoder
 @pytest.mark.parametrize("options", [{}, {"progressive": True}])
 def test_a_jpeg_claiming_a_huge_size_is_refused_before_allocating(options):
@@ -416,7 +401,7 @@ def test_the_frame_header_reader_never_fails_on_garbage(noise, cut):
 
 def test_the_pixel_limit_holds_without_the_window_decoder(monkeypatch):
     """The fallback (a build without libjpeg-turbo) reads the size from the frame header too."""
-    monkeypatch.setattr(jpeg_op, "WINDOW_DECODER", False)
+    monkeypatch.setattr(jpeg_op, "_use_window_decoder", False)
     data = claiming(jpeg(16, 16, progressive=True), 65500, 65500)
     with pytest.raises(torchfeed.limits.ImageTooLargeError, match="65500 x 65500"):
         decode_window(data, (0, 0, 8, 8))
@@ -456,9 +441,6 @@ def test_a_ring_larger_than_the_machine_is_refused_at_once():
         SharedRing(2**40)
     with pytest.raises(ValueError, match="more than this machine's physical memory"):
         PinnedRing(2**40, pinned=False)
-
-
-# --- messages that say what is wrong --------------------------------------------------------------
 
 
 def test_zero_copy_over_an_iterable_dataset_says_what_it_needs():

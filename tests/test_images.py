@@ -1,4 +1,4 @@
-"""RaggedImages and ImageCollate: packing, views, movement, DataLoader workers."""
+"""RaggedImages: packing, views, movement, pickling."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import pickle
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
 
-from torchfeed import ImageCollate, RaggedImages
+from torchfeed import RaggedImages
 
 
 def images(sizes, channels=3, layout="CHW", seed=0):
@@ -61,44 +60,6 @@ def test_bad_input():
         RaggedImages(torch.zeros(5, dtype=torch.uint8), [(3, 2, 2)])
     with pytest.raises(ValueError, match=r"shapes\[1\] has 1 channels but shapes\[0\] has 3"):
         RaggedImages(torch.zeros(16, dtype=torch.uint8), [(3, 2, 2), (1, 2, 2)])
-
-
-class ImageDataset(Dataset):
-    def __len__(self):
-        return 23
-
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(i)
-        h, w = (int(v) for v in torch.randint(5, 40, (2,), generator=g))
-        return {"image": torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8),
-                "label": i}  # fmt: skip
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_image_collate_in_dataloader(workers):
-    ds = ImageDataset()
-    loader = DataLoader(ds, batch_size=5, num_workers=workers,
-                        collate_fn=ImageCollate("image", layout="HWC"))  # fmt: skip
-    seen = 0
-    for batch in loader:
-        assert list(batch) == ["image", "label"]
-        r = batch["image"]
-        assert isinstance(r, RaggedImages)
-        for j, label in enumerate(batch["label"].tolist()):
-            assert torch.equal(r[j], ds[label]["image"].permute(2, 0, 1))
-        seen += len(r)
-    assert seen == 23
-
-
-def test_image_collate_tuples_and_bare():
-    ims = images([(4, 4), (6, 2)])
-    out = ImageCollate(0)([(ims[0], 1), (ims[1], 2)])
-    assert isinstance(out[0], RaggedImages) and out[1].tolist() == [1, 2]
-    assert isinstance(ImageCollate()(ims), RaggedImages)
-    with pytest.raises(KeyError, match="no field 'img'"):
-        ImageCollate("img")([{"image": ims[0]}])
-    with pytest.raises(ValueError, match="batch is empty"):
-        ImageCollate()([])
 
 
 def test_channels_last_views_are_packed_without_transposing():

@@ -143,9 +143,6 @@ def test_cuda_device_without_gpu():
         DevicePrefetcher([1], device="cuda")
 
 
-# --- CUDA ----------------------------------------------------------------------------------------
-
-
 @pytest.mark.cuda
 def test_cuda_batches_arrive_correct_with_auto_ring():
     loader = DataLoader(Numbers(40), batch_size=8, num_workers=2)

@@ -8,16 +8,10 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from torchfeed.transforms import (
-    RandomResizedCropFlipNormalize,
-    resized_crop_box,
-    sample_flips,
-    sample_resized_crop_params,
-)
+from torchfeed.sampling import resized_crop_box, sample_flips, sample_resized_crop_params
+from torchfeed.transforms import RandomResizedCropFlipNormalize
 
 from image_cases import MEAN, STD
-
-# --- random parameters ----------------------------------------------------------------------------
 
 
 def ks_statistic(a: torch.Tensor, b: torch.Tensor) -> float:

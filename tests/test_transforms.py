@@ -11,17 +11,15 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from torchfeed._output_buffer import OutputBuffer
+from torchfeed.ops.crop_flip_normalize import crop_flip_normalize
 from torchfeed.transforms import (
     RandomResizedCropFlipNormalize,
     ResizeCenterCropNormalize,
-    ResizeFlipNormalize,
-    crop_flip_normalize,
+    ResizeRandomFlipNormalize,
 )
 
 from helpers import DEVICES
 from image_cases import MEAN, STD, boxes_cases, images_of, tv_float
-
-# --- the batch transforms --------------------------------------------------------------------------
 
 
 def test_transform_draws_per_image_and_matches_functional():
@@ -115,7 +113,7 @@ def test_resize_flip_normalize_is_the_crop_transform_on_whole_images(isa):
     sizes, boxes = boxes_cases()
     images = images_of(sizes, seed=21)
     crops = [i[:, y : y + h, x : x + w] for i, (y, x, h, w) in zip(images, boxes, strict=True)]
-    t = ResizeFlipNormalize((40, 36), p_flip=0.5, mean=MEAN, std=STD, return_params=True,
+    t = ResizeRandomFlipNormalize((40, 36), p_flip=0.5, mean=MEAN, std=STD, return_params=True,
                             generator=torch.Generator().manual_seed(1))  # fmt: skip
     out, params = t(crops)
     flips = params["flips"]
@@ -131,7 +129,7 @@ def test_resize_flip_normalize_targets_and_options():
     images = images_of([(60, 80), (90, 70)], seed=22)
     masks = [tv_tensors.Mask(torch.randint(0, 2, (1, h, w), dtype=torch.uint8))
              for h, w in [(60, 80), (90, 70)]]  # fmt: skip
-    t = ResizeFlipNormalize(32, p_flip=1.0, mean=MEAN, std=STD, dtype=torch.bfloat16,
+    t = ResizeRandomFlipNormalize(32, p_flip=1.0, mean=MEAN, std=STD, dtype=torch.bfloat16,
                             channels_last=True)  # fmt: skip
     out, targets = t((images, masks))
     assert out.shape == (2, 3, 32, 32) and out.dtype == torch.bfloat16
@@ -141,9 +139,9 @@ def test_resize_flip_normalize_targets_and_options():
             TF.resize(mask, [32, 32], interpolation=v2.InterpolationMode.NEAREST)
         )
         assert torch.equal(got, want)
-    hwc = ResizeFlipNormalize(16, p_flip=0.0, mean=MEAN, std=STD, image_layout="HWC")
+    hwc = ResizeRandomFlipNormalize(16, p_flip=0.0, mean=MEAN, std=STD, image_layout="HWC")
     dense = torch.stack(images_of([(20, 30)] * 2))
-    chw = ResizeFlipNormalize(16, p_flip=0.0, mean=MEAN, std=STD)
+    chw = ResizeRandomFlipNormalize(16, p_flip=0.0, mean=MEAN, std=STD)
     assert torch.equal(hwc(dense.permute(0, 2, 3, 1)), chw(list(dense)))
     clone = pickle.loads(pickle.dumps(t))
     assert clone.size == (32, 32) and clone.p_flip == 1.0
@@ -162,10 +160,7 @@ def test_bad_resize_flip_normalize_configuration(kwargs, error, match):
     base = dict(size=16, mean=MEAN, std=STD)
     base.update(kwargs)
     with pytest.raises(error, match=match):
-        ResizeFlipNormalize(**base)
-
-
-# --- output buffer reuse --------------------------------------------------------------------------
+        ResizeRandomFlipNormalize(**base)
 
 
 def test_output_buffer_reused_only_when_free():

@@ -277,7 +277,7 @@ TF_HOST_DEVICE TF_INLINE float horizontal_element(int64_t i, const double* grid,
   return fmaf(acc, affine[c].scale, affine[c].bias);
 }
 
-// ---- the one-pass kernel: one thread block per output tile --------------------------------------
+// The one-pass kernel, one thread block per output tile.
 //
 // A block computes a tile of `rows` x `cols` outputs of one image, every channel: (1) the tap
 // tables of its rows and columns, once; (2) the vertical pass over the source columns the tile's

@@ -2,31 +2,39 @@
 
 Fused pad-and-mask collation for ragged sequences, fused per-image augmentation on uint8
 batches, a pinned host-buffer ring and a device prefetcher, behind the standard PyTorch data
-hooks.
+hooks. The names a pipeline uses most are here; each has one home module besides:
 
-Layout: :mod:`torchfeed.ops` (one module per compiled op), the batch types
-(:mod:`torchfeed.ragged`, :mod:`torchfeed.images`), and the features built on them:
-:mod:`torchfeed.collate`, :mod:`torchfeed.transforms`, :mod:`torchfeed.io`,
-:mod:`torchfeed.memory`, :mod:`torchfeed.loader`, :mod:`torchfeed.prefetch`,
-:mod:`torchfeed.data`.
+- text: :func:`pad`, :func:`pad_packed`, :class:`Padded` (:mod:`torchfeed.ops.pad`),
+  :class:`RaggedBatch` (:mod:`torchfeed.ragged`), :class:`PadCollate`
+  (:mod:`torchfeed.collate`);
+- images: the transforms (:mod:`torchfeed.transforms`), their functional forms
+  :func:`crop_flip_normalize` and :func:`resize_center_crop_normalize`
+  (:mod:`torchfeed.ops.crop_flip_normalize`), :class:`RaggedImages` (:mod:`torchfeed.images`),
+  :class:`ImageCollate` (:mod:`torchfeed.collate`); decoding in :mod:`torchfeed.decode`;
+- loading: :func:`loader`, :class:`ResumableLoader`, :class:`ZeroCopyLoader`
+  (:mod:`torchfeed.loaders`), :class:`DevicePrefetcher` (:mod:`torchfeed.prefetch`),
+  :class:`PinnedRing` (:mod:`torchfeed.memory`); production practices in :mod:`torchfeed.data`.
 """
 
 from torchfeed._extension import C as _C
 from torchfeed._extension import build_info
 from torchfeed.collate import ImageCollate, PadCollate
 from torchfeed.images import RaggedImages
-from torchfeed.io import DecodeRandomCrop, decode_window
-from torchfeed.loader import ResumableLoader, ZeroCopyLoader, loader
-from torchfeed.memory import PinnedRing, SharedRing
+from torchfeed.loaders import ResumableLoader, ZeroCopyLoader, loader
+from torchfeed.memory import PinnedRing
 from torchfeed.ops.crop_flip_normalize import crop_flip_normalize, resize_center_crop_normalize
 from torchfeed.ops.pad import Padded, pad, pad_packed
 from torchfeed.prefetch import DevicePrefetcher
 from torchfeed.ragged import RaggedBatch
+from torchfeed.transforms import (
+    RandomResizedCropFlipNormalize,
+    ResizeCenterCropNormalize,
+    ResizeRandomFlipNormalize,
+)
 
 __version__ = _C.build_info()["version"]
 
 __all__ = [
-    "DecodeRandomCrop",
     "DevicePrefetcher",
     "ImageCollate",
     "PadCollate",
@@ -34,13 +42,14 @@ __all__ = [
     "PinnedRing",
     "RaggedBatch",
     "RaggedImages",
+    "RandomResizedCropFlipNormalize",
+    "ResizeCenterCropNormalize",
+    "ResizeRandomFlipNormalize",
     "ResumableLoader",
-    "SharedRing",
     "ZeroCopyLoader",
     "__version__",
     "build_info",
     "crop_flip_normalize",
-    "decode_window",
     "loader",
     "pad",
     "pad_packed",

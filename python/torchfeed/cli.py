@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_parser", "main"]
+__all__ = ["main"]
 
 
 def _workers(text: str) -> list[int]:
@@ -51,7 +51,7 @@ def _suites(text: str) -> list[str]:
     return values
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchfeed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -181,8 +181,14 @@ def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         "ignore", "The image decoding and encoding capabilities", DeprecationWarning
     )
 
-    from torchfeed.pipeline_bench import agreement, dataset, image_pipelines, stages, text_pipelines
-    from torchfeed.pipeline_bench.report import machine_info, plot, print_report, with_speedup
+    from torchfeed._pipeline_bench import (
+        agreement,
+        dataset,
+        image_pipelines,
+        stages,
+        text_pipelines,
+    )
+    from torchfeed._pipeline_bench.report import machine_info, plot, print_report, with_speedup
 
     device = _device(parser, args.device)
     if args.data is not None and not args.data.is_dir():
@@ -262,14 +268,14 @@ def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from torchfeed.doctor import report
+    from torchfeed._doctor import report
 
     print(report(args.workers, args.batch_mb, args.prefetch_factor))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = _build_parser()
     args = parser.parse_args(argv)
     if args.command == "bench":
         return cmd_bench(parser, args)

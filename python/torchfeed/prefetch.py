@@ -11,15 +11,14 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from torchfeed._compat import UNSET, renamed
-from torchfeed.memory.pinned_ring import PinnedRing
-from torchfeed.tree import map_tensors, tensors_of
+from torchfeed._tree import map_tensors, tensors_of
+from torchfeed.memory._pinned_ring import PinnedRing
 
-__all__ = ["BatchSource", "DevicePrefetcher", "HostMemory"]
+__all__ = ["DevicePrefetcher"]
 
 
 @runtime_checkable
-class HostMemory(Protocol):
+class _HostMemory(Protocol):
     """Host memory that batches live in and that must not be reused before their copies to a
     device have finished (:class:`~torchfeed.SharedRing`, :class:`~torchfeed.PinnedRing`)."""
 
@@ -30,10 +29,10 @@ class HostMemory(Protocol):
 
 
 @runtime_checkable
-class BatchSource(Protocol):
+class _BatchSource(Protocol):
     """A loader that says where its batches live (:class:`~torchfeed.ZeroCopyLoader`)."""
 
-    def host_memory(self) -> HostMemory | None: ...
+    def host_memory(self) -> _HostMemory | None: ...
 
 
 _END = object()
@@ -59,9 +58,8 @@ class DevicePrefetcher:
     the first GPU batch for ``depth + 2`` batches of that size, grown when a later prefetcher's
     first batch needs more; every prefetcher on the device shares it, so one made per epoch
     page-locks nothing new);
-    ``pinned_ring=False``: plain copies; or a :class:`PinnedRing` of your own (the 0.1 keyword
-    ``ring=`` still works, with a DeprecationWarning). A loader that says where its
-    batches live (:class:`BatchSource`, e.g. a zero-copy loader whose workers wrote into
+    ``pinned_ring=False``: plain copies; or a :class:`PinnedRing` of your own. A loader that says
+    where its batches live (:class:`_BatchSource`, e.g. a zero-copy loader whose workers wrote into
     page-locked shared memory) has them copied from there, with no staging. Up to
     ``depth`` batches are prepared ahead. ``len()`` is the loader's; each ``iter()`` is an epoch.
     An exception in the loader (a worker's, say) is raised in the training loop; leaving the loop
@@ -75,10 +73,7 @@ class DevicePrefetcher:
         pinned_ring: PinnedRing | bool | None = None,
         transform: Callable[[Any], Any] | None = None,
         depth: int = 2,
-        *,
-        ring: Any = UNSET,
     ) -> None:
-        pinned_ring = renamed("DevicePrefetcher", "ring", "pinned_ring", ring, pinned_ring)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be an int >= 1, got {depth!r}")
         if transform is not None and not callable(transform):
@@ -111,12 +106,6 @@ class DevicePrefetcher:
     def __iter__(self) -> Iterator[Any]:
         return _PrefetchIterator(self)
 
-    # --- runs in the background thread -----------------------------------------------------------
-    @property
-    def ring(self) -> PinnedRing | None:
-        """Deprecated name of :attr:`pinned_ring`."""
-        return self.pinned_ring
-
     def _ring_for(self, batch: Any) -> PinnedRing | None:
         if self.pinned_ring is None and self._auto_ring:
             nbytes = sum(t.numel() * t.element_size() for t in tensors_of(batch))
@@ -143,7 +132,7 @@ class DevicePrefetcher:
 
     def _copy(self, batch: Any) -> Any:
         """Enqueues the batch's copy to the device on the prefetch stream (the current one)."""
-        memory = self.loader.host_memory() if isinstance(self.loader, BatchSource) else None
+        memory = self.loader.host_memory() if isinstance(self.loader, _BatchSource) else None
         if memory is not None and memory.pinned:
             # Zero copy: the workers wrote the batch into page-locked shared memory. Copy it as it
             # is and fence its regions (once each); staging it again would only add a copy.

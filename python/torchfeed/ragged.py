@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchfeed.ops.pad import (
+from torchfeed.ops._pad import (
     Padded,
     PadOptions,
     PadValue,
@@ -50,7 +50,6 @@ class RaggedBatch:
         values = torch.cat(seqs)
         return cls(values, offsets.to(values.device, non_blocking=True), lengths)
 
-    # --- shape facts, all from the host -------------------------------------------------------
     @property
     def host_lengths(self) -> tuple[int, ...]:
         return tuple(b - a for a, b in itertools.pairwise(self._host_offsets))
@@ -79,7 +78,6 @@ class RaggedBatch:
     def dtype(self) -> torch.dtype:
         return self.values.dtype
 
-    # --- tensors for variable-length attention ------------------------------------------------
     @property
     def lengths(self) -> Tensor:
         """``[B]`` int64 on the values' device."""
@@ -97,7 +95,6 @@ class RaggedBatch:
         starts = torch.repeat_interleave(self.offsets[:-1], self.lengths, output_size=total)
         return torch.arange(total, device=self.values.device) - starts
 
-    # --- movement (and the torchfeed.tree protocol) -------------------------------------------
     def tensors(self) -> tuple[Tensor, Tensor]:
         return self.values, self.offsets
 
@@ -120,7 +117,6 @@ class RaggedBatch:
     def is_pinned(self) -> bool:
         return self.values.is_pinned() and self.offsets.is_pinned()
 
-    # --- access -------------------------------------------------------------------------------
     def __getitem__(self, i: int) -> Tensor:
         if not isinstance(i, int):
             raise TypeError(f"RaggedBatch index must be an int, got {type(i).__name__}")

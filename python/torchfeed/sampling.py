@@ -15,14 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = [
-    "check_generator",
-    "check_p_flip",
-    "check_range",
-    "resized_crop_box",
-    "sample_flips",
-    "sample_resized_crop_params",
-]
+from torchfeed._options import check_p_flip, check_range
+
+__all__ = ["resized_crop_box", "sample_flips", "sample_resized_crop_params"]
 
 
 def _sizes_list(sizes: Any) -> list[tuple[int, int]]:
@@ -35,20 +30,6 @@ def _sizes_list(sizes: Any) -> list[tuple[int, int]]:
             raise ValueError(f"sizes[{i}] must be positive (H, W), got {tuple(s)}")
         out.append((h, w))
     return out
-
-
-def check_range(name: str, value: Sequence[float], positive: bool) -> tuple[float, float]:
-    """``(min, max)`` of two finite numbers, min <= max, both > 0 (``positive``) or >= 0."""
-    try:
-        lo, hi = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be two numbers (min, max), got {value!r}") from None
-    bound = "> 0" if positive else ">= 0"
-    if not (math.isfinite(lo) and math.isfinite(hi)) or not (lo > 0 if positive else lo >= 0):
-        raise ValueError(f"{name} values must be {bound} (and finite), got {tuple(value)}")
-    if lo > hi:
-        raise ValueError(f"{name} must be (min, max) with min <= max, got {tuple(value)}")
-    return lo, hi
 
 
 def sample_resized_crop_params(
@@ -133,20 +114,6 @@ def resized_crop_box(
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
-
-
-def check_p_flip(p: float) -> float:
-    if isinstance(p, bool) or not isinstance(p, int | float):
-        raise TypeError(f"p_flip must be a number in [0, 1], got {type(p).__name__}")
-    if not 0.0 <= p <= 1.0:  # also refuses nan
-        raise ValueError(f"p_flip must be in [0, 1], got {p}")
-    return float(p)
-
-
-def check_generator(generator: Any) -> torch.Generator | None:
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    return generator
 
 
 def sample_flips(batch: int, p: float = 0.5, generator: torch.Generator | None = None) -> Tensor:

@@ -15,37 +15,24 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
+from torchfeed._options import check_generator, check_p_flip, check_range
 from torchfeed._output_buffer import OutputBuffer
-from torchfeed.images import Layout, RaggedImages
-from torchfeed.ops.crop_flip_normalize import (
-    ImageBatch,
+from torchfeed._packing import Layout
+from torchfeed.images import RaggedImages
+from torchfeed.ops._image_op import (
     ImageOptions,
-    crop_flip_normalize,
+    OpImages,
     resize_arg,
     resize_center_crop_grid,
-    resize_center_crop_normalize,
     run,
     size_pair,
 )
-from torchfeed.sampling import (
-    check_generator,
-    check_p_flip,
-    check_range,
-    resized_crop_box,
-    sample_flips,
-    sample_resized_crop_params,
-)
+from torchfeed.sampling import sample_flips
 
 __all__ = [
     "RandomResizedCropFlipNormalize",
     "ResizeCenterCropNormalize",
-    "ResizeFlipNormalize",
-    # the functional forms and the samplers, where users of torchfeed 0.1 found them
-    "crop_flip_normalize",
-    "resize_center_crop_normalize",
-    "resized_crop_box",
-    "sample_flips",
-    "sample_resized_crop_params",
+    "ResizeRandomFlipNormalize",
 ]
 
 
@@ -96,16 +83,16 @@ class _BatchTransform(v2.Transform):
     def output_shape(self, batch_size: int, channels: int) -> tuple[int, ...]:
         return (batch_size, channels, *self._out_size())
 
-    def apply(self, images: Any, out: Tensor | None = None) -> tuple[Tensor, dict, ImageBatch]:
+    def apply(self, images: Any, out: Tensor | None = None) -> tuple[Tensor, dict, OpImages]:
         """Transforms a batch of images (into ``out`` if given); returns the output, the drawn
         parameters and the batch as the op saw it."""
-        batch = ImageBatch(images, self.options.image_layout)
+        batch = OpImages(images, self.options.image_layout == "HWC")
         if len(batch) == 0:
             none = torch.empty(0, 4, dtype=torch.int64)
             params = {"boxes": none, "flips": torch.empty(0, dtype=torch.bool), "grid": none}
             grid, flips = torch.empty(0, 10, dtype=torch.float64), params["flips"]
         else:
-            grid, flips, params = self._geometry(batch, batch.sizes())
+            grid, flips, params = self._geometry(batch, batch.size_table())
         out = run(batch, grid, flips, self._out_size(), self.options, out, self._buffer)
         return out, params, batch
 
@@ -124,7 +111,7 @@ class _BatchTransform(v2.Transform):
             return result, params
         return result
 
-    def _transform_targets(self, targets: Any, batch: ImageBatch, params: dict) -> list:
+    def _transform_targets(self, targets: Any, batch: OpImages, params: dict) -> list:
         if not isinstance(targets, Sequence) or len(targets) != len(batch):
             raise ValueError(
                 f"targets must be a list with one entry per image ({len(batch)}), got "
@@ -213,7 +200,7 @@ class RandomResizedCropFlipNormalize(_BatchTransform):
     def _out_size(self) -> tuple[int, int]:
         return self.size
 
-    def _geometry(self, batch: ImageBatch, sizes: Tensor):
+    def _geometry(self, batch: OpImages, sizes: Tensor):
         # C++ draws what sample_resized_crop_params draws, in one call for the batch
         boxes = torch.ops.torchfeed.sample_resized_crop(
             sizes, *self.scale, *self.ratio, self.generator
@@ -244,14 +231,14 @@ def _crop_resize_flip(t: _BatchTransform, leaf: Any, box: list[int], flip: Tenso
     return TF.horizontal_flip(out) if bool(flip) else out
 
 
-class ResizeFlipNormalize(_BatchTransform):
+class ResizeRandomFlipNormalize(_BatchTransform):
     """``Resize((size, size)) -> RandomHorizontalFlip(p_flip) -> ToDtype(dtype, scale=True) ->
     Normalize(mean, std)`` for a whole batch, in one fused pass: each WHOLE image is resized to
     ``size`` (no aspect ratio kept), flipped with probability ``p_flip`` (drawn per image, from
     ``generator`` or torch's global generator).
 
     This is the second half of :class:`RandomResizedCropFlipNormalize` for images that are
-    already crops, such as the windows :class:`torchfeed.io.DecodeRandomCrop` decodes in the
+    already crops, such as the windows :class:`torchfeed.decode.DecodeRandomCrop` decodes in the
     workers: crop-window decoding followed by this transform gives exactly what
     RandomResizedCropFlipNormalize gives on the full images with the same boxes. Same keyword
     ``options``, inputs and outputs as RandomResizedCropFlipNormalize (targets get the resize and
@@ -273,7 +260,7 @@ class ResizeFlipNormalize(_BatchTransform):
     def _out_size(self) -> tuple[int, int]:
         return self.size
 
-    def _geometry(self, batch: ImageBatch, sizes: Tensor):
+    def _geometry(self, batch: OpImages, sizes: Tensor):
         boxes = torch.cat([torch.zeros_like(sizes), sizes], dim=1)  # the whole images
         flips = sample_flips(len(batch), self.p_flip, self.generator)
         grid = torch.ops.torchfeed.resized_crop_grid(sizes, boxes, *self.size)
@@ -303,7 +290,7 @@ class ResizeCenterCropNormalize(_BatchTransform):
     def _out_size(self) -> tuple[int, int]:
         return self.crop
 
-    def _geometry(self, batch: ImageBatch, sizes: Tensor):
+    def _geometry(self, batch: OpImages, sizes: Tensor):
         grid = resize_center_crop_grid(sizes, self.resize, self.crop)
         flips = torch.zeros(len(batch), dtype=torch.bool)
         return grid, flips, {"grid": grid}

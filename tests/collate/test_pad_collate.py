@@ -165,9 +165,6 @@ def test_dataloader_packed_with_workers():
     assert lengths == [len(text_sample(i)["input_ids"]) for i in range(37)]
 
 
-# --- bad input -----------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

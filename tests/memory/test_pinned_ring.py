@@ -243,9 +243,6 @@ def test_concurrent_producer_and_consumer():
     assert ring.stats()["blocks_in_flight"] == 0
 
 
-# --- staging --------------------------------------------------------------------------------------
-
-
 def test_stage_copies_a_nested_batch_into_one_block():
     ring = PinnedRing(1 << 20, pinned=False)
     batch = {
@@ -303,9 +300,6 @@ def test_rss_flat_over_10000_cycles():
     assert ring.stats()["blocks_in_flight"] == 0
 
 
-# --- CUDA ----------------------------------------------------------------------------------------
-
-
 @pytest.mark.cuda
 def test_cuda_ring_is_pinned_and_copies_correctly():
     ring = PinnedRing(1 << 22)
@@ -349,14 +343,11 @@ def test_cuda_close_waits_for_copies():
     assert ring.closed
 
 
-# --- staging in chunks, each chunk's copy started as soon as it is staged ----------------------
-
-
 @pytest.mark.parametrize("chunk", [1, 100, 4096, 1 << 20])
 def test_stage_and_copy_moves_every_field_in_chunks(chunk):
     """The chunked path's bookkeeping, on the CPU (a CPU target takes a plain copy per chunk):
     every field lands at its offset, strided ones included, whatever the chunk size."""
-    from torchfeed.tree import field_layout
+    from torchfeed._tree import field_layout
 
     g = torch.Generator().manual_seed(0)
     fields = [

@@ -13,7 +13,8 @@ import torch
 from torch.utils.data import Dataset
 
 import torchfeed
-from torchfeed import ImageCollate, PadCollate, RaggedBatch, SharedRing, loader
+from torchfeed import ImageCollate, PadCollate, RaggedBatch, loader
+from torchfeed.memory import SharedRing
 
 many_workers = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 

@@ -14,17 +14,11 @@ from torchvision.transforms.v2 import functional as TF
 
 import torchfeed
 from torchfeed import RaggedImages, reference
-from torchfeed.ops.crop_flip_normalize import grid_from_boxes
-from torchfeed.transforms import (
-    RandomResizedCropFlipNormalize,
-    ResizeCenterCropNormalize,
-    sample_flips,
-    sample_resized_crop_params,
-)
+from torchfeed.ops._image_op import grid_from_boxes
+from torchfeed.sampling import sample_flips, sample_resized_crop_params
+from torchfeed.transforms import RandomResizedCropFlipNormalize, ResizeCenterCropNormalize
 
 from image_cases import MEAN, MODES, STD, boxes_cases, images_of, tv_float
-
-# --- parity -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("interpolation", "antialias"), MODES)
@@ -213,9 +207,6 @@ def test_every_output_element_written():
         assert not bool(out.isnan().any())
 
 
-# --- the CUDA kernels' thread bodies, emulated on the CPU -----------------------------------------
-
-
 @pytest.mark.parametrize(("interpolation", "antialias"), MODES)
 def test_cuda_thread_bodies_match_cpu_kernel(interpolation, antialias):
     sizes, boxes = boxes_cases()
@@ -234,9 +225,6 @@ def test_cuda_thread_bodies_match_cpu_kernel(interpolation, antialias):
             images, grid, flips, mode, antialias, MEAN, STD, b
         )
         assert (a - b).abs().max().item() <= 1e-5
-
-
-# --- the eval transform ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("interpolation", "antialias"), MODES)
@@ -266,9 +254,6 @@ def test_resize_center_crop_errors():
         torchfeed.resize_center_crop_normalize(images_of([(64, 64)]), 256, 300, mean=MEAN, std=STD)
     with pytest.raises(ValueError, match="resize must be positive"):
         torchfeed.resize_center_crop_normalize(images_of([(64, 64)]), 0, 3, mean=MEAN, std=STD)
-
-
-# --- opcheck and torch.compile --------------------------------------------------------------------
 
 
 def op_samples():
@@ -303,9 +288,6 @@ def test_torch_compile_fullgraph():
 
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(dense, dgrid, flips[:2]), fn(dense, dgrid, flips[:2]))
-
-
-# --- bad input ------------------------------------------------------------------------------------
 
 
 def call(images=None, boxes=None, flips=None, size=8, **kw):
@@ -390,9 +372,6 @@ def test_raw_op_errors():
         op(images, grid, flips, 1, True, MEAN, STD, torch.empty(6, 3, 9, 22)[..., ::2])
 
 
-# --- CUDA ----------------------------------------------------------------------------------------
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize(("interpolation", "antialias"), MODES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -452,8 +431,6 @@ def test_nothing_synchronizes_the_device():
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
 
-
-# --- the one-pass kernel, emulated block by block -------------------------------------------------
 
 EMULATE = torch.ops.torchfeed_testing.emulate_cuda_crop_flip_normalize_list_out
 
@@ -547,9 +524,6 @@ def test_one_pass_kernel_on_random_geometry(data):
     assert not bool(one.isnan().any()) and torch.equal(one, two)
 
 
-# --- the op's other inputs: packed buffers, HWC lists ---------------------------------------------
-
-
 @pytest.mark.parametrize("layout", ["CHW", "HWC"])
 def test_packed_and_hwc_list_inputs_agree_with_the_list_op(layout):
     sizes, boxes = boxes_cases()
@@ -568,9 +542,6 @@ def test_packed_and_hwc_list_inputs_agree_with_the_list_op(layout):
     torch.ops.torchfeed.crop_flip_normalize_list_out(
         stored, grid, flips, 1, True, MEAN, STD, got, layout == "HWC")  # fmt: skip
     assert torch.equal(got, want)
-
-
-# --- hostile geometry and outputs: every value checked, nothing crashes --------------------------
 
 
 def geometry_with(field, value):

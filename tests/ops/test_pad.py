@@ -12,7 +12,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 import torchfeed
 import torchfeed.ops._dispatch as dispatch
-import torchfeed.ops.pad as pad_module
+import torchfeed.ops._pad as pad_module
 from torchfeed import reference
 
 from helpers import ALL_DTYPES, DEVICES, assert_bits_equal, random_values
@@ -193,9 +193,6 @@ def test_properties(lengths, feat, padding_side, truncation_side, max_length, mu
             assert (idx[0] == 0) if padding_side == "right" else (idx[-1] == length - 1)
 
 
-# --- the ops themselves: opcheck, torch.compile -------------------------------------------------
-
-
 def op_samples(device):
     for dtype in (torch.int64, torch.float32, torch.bool, torch.bfloat16):
         for name, seqs in sample_sequences(device, dtype):
@@ -262,9 +259,6 @@ def test_meta_tensors_give_shapes():
     assert out.padded.shape == (2, 16, 4) and out.mask.shape == (2, 16)
 
 
-# --- the reference path (devices with no compiled kernel) -----------------------------------------
-
-
 @pytest.fixture
 def no_kernels(monkeypatch):
     monkeypatch.setattr(pad_module, "has_kernel", lambda op, device_type: False)
@@ -286,8 +280,6 @@ def test_fallback_warns_once_per_device(monkeypatch):
     torchfeed.pad([torch.arange(3)])  # a second call does not warn (warnings are errors here)
 
 
-# --- bad input -----------------------------------------------------------------------------------
-
 BAD_LISTS = [
     ([], ValueError, "sequences must hold at least one tensor"),
     ([torch.arange(3), torch.arange(3.0)], TypeError, r"sequences\[1\] has dtype"),
@@ -305,6 +297,30 @@ def test_bad_sequences(path, seqs, error, match, monkeypatch):
         monkeypatch.setattr(pad_module, "warn_fallback", lambda *args: None)
     with pytest.raises(error, match=match):
         torchfeed.pad(seqs)
+
+
+@pytest.mark.parametrize("path", ["kernel", "reference"])
+@pytest.mark.parametrize(
+    ("dtype", "pad_value", "match"),
+    [
+        (torch.uint8, -1, r"pad_value=-1 is not representable in torch.uint8 \(integers in \[0, 255\]\)"),
+        (torch.int64, 0.5, r"pad_value=0.5 is not representable in torch.int64"),
+        (torch.bool, 2, r"pad_value=2 is not representable in torch.bool \(0 and 1"),
+        (torch.float16, 1e5, r"pad_value=100000.0 overflows torch.float16 \(finite values in \[-65504.0, 65504.0\]"),
+    ],
+)  # fmt: skip
+def test_bad_pad_value_one_message_on_both_paths(path, dtype, pad_value, match, monkeypatch):
+    # the reference path runs the kernel's own check: the same words whatever the device
+    if path == "reference":
+        monkeypatch.setattr(pad_module, "has_kernel", lambda op, device_type: False)
+        monkeypatch.setattr(pad_module, "warn_fallback", lambda *args: None)
+    with pytest.raises(ValueError, match=match):
+        torchfeed.pad(
+            [torch.zeros(2, dtype=dtype), torch.zeros(1, dtype=dtype)], pad_value=pad_value
+        )
+    values, offsets = torch.zeros(3, dtype=dtype), torch.tensor([0, 2, 3])
+    with pytest.raises(ValueError, match=match):
+        torchfeed.pad_packed(values, offsets, pad_value=pad_value)
 
 
 @pytest.mark.cuda
@@ -391,7 +407,7 @@ def test_bad_offsets_type_and_shape():
         torchfeed.pad_packed(torch.arange(5), torch.tensor([[0, 5]]))
     with pytest.raises(ValueError, match="values must have at least one dimension"):
         torchfeed.pad_packed(torch.tensor(3), torch.tensor([0]))
-    with pytest.raises(TypeError, match="offsets must be int64, got Int"):
+    with pytest.raises(TypeError, match="pad_packed: offsets must be int64, got torch.int32"):
         torch.ops.torchfeed.pad_packed(torch.arange(5), torch.tensor([0, 5], dtype=torch.int32), 5)
 
 
@@ -413,9 +429,6 @@ def test_bad_raw_op_arguments(args, match):
         torch.ops.torchfeed.pad_list([torch.arange(3, dtype=torch.uint8)], *args)
 
 
-# --- the CUDA kernel's thread body, emulated on the CPU ------------------------------------------
-
-
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_cuda_thread_body_matches_cpu_kernel(dtype):
     for _, seqs in sample_sequences("cpu", dtype):
@@ -430,9 +443,6 @@ def test_cuda_thread_body_matches_cpu_kernel(dtype):
             got = torch.ops.torchfeed_testing.emulate_cuda_pad_packed(*args)
             for a, b in zip(got, want, strict=True):
                 assert_bits_equal(a, b)
-
-
-# --- CUDA: every sample CPU vs CUDA ---------------------------------------------------------------
 
 
 @pytest.mark.cuda
@@ -468,9 +478,6 @@ def test_cuda_uses_current_stream():
         max_length=None,
         pad_to_multiple_of=None,
     )
-
-
-# --- autograd (csrc/ops/autograd/pad.cpp) ---------------------------------------------------------
 
 
 def grad_inputs():

@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from torchfeed.data import ShardedIterableDataset, WorkerSeeder, worker_and_count
+from torchfeed.data import ShardedIterableDataset, WorkerSeeder
+from torchfeed.data._distributed import worker_and_count
 
 
 def sample(i):

@@ -38,8 +38,6 @@ struct Affines {
   ChannelAffine c[cfn::kMaxChannels];
 };
 
-// ---- the one-pass kernel ------------------------------------------------------------------------
-
 template <typename OutT>
 __global__ void __launch_bounds__(kThreads)
     one_pass_kernel(const ImageDesc* __restrict__ images, const double* __restrict__ grid,
@@ -73,8 +71,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- the two-pass fallback ----------------------------------------------------------------------
-
 __global__ void vertical_kernel(const ImageDesc* __restrict__ images,
                                 const double* __restrict__ grid, float* __restrict__ scratch,
                                 LaunchShape p) {
@@ -102,8 +98,6 @@ __global__ void horizontal_kernel(const double* __restrict__ grid, const bool* _
 int64_t blocks_for(int64_t total) {
   return std::min<int64_t>((total + kThreads - 1) / kThreads, 1 << 20);
 }
-
-// ---- the launch ---------------------------------------------------------------------------------
 
 void run(const char* op, const std::vector<ImageDesc>& descs, const at::Tensor& grid,
          const at::Tensor& flips, int64_t interpolation, bool antialias, at::ArrayRef<double> mean,

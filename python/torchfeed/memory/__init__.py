@@ -1,9 +1,10 @@
 """Host memory for batches: :class:`PinnedRing` (one page-locked arena of exact-size blocks, in
-one process) and :class:`SharedRing` (its cross-process twin that DataLoader workers write
-into). A block or region is reused only after every tensor viewing it is gone and every copy
-from it recorded with ``record_copies`` has finished."""
+one process) and :class:`SharedRing` (its cross-process twin that DataLoader workers write into;
+:class:`~torchfeed.ZeroCopyLoader` makes one, and its ``shared_ring`` says how it is used). A
+block or region is reused only after every tensor viewing it is gone and every copy from it
+has finished."""
 
-from torchfeed.memory.pinned_ring import PinnedRing
-from torchfeed.memory.shared_ring import RingHandle, SharedRing
+from torchfeed.memory._pinned_ring import PinnedRing
+from torchfeed.memory._shared_ring import SharedRing
 
-__all__ = ["PinnedRing", "RingHandle", "SharedRing"]
+__all__ = ["PinnedRing", "SharedRing"]

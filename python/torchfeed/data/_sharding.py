@@ -12,10 +12,10 @@ import torch
 from torch.utils.data import IterableDataset
 
 from torchfeed.data._distributed import rank_and_world_size, worker_and_count
-from torchfeed.data.plan import EpochPlan, epoch_order, split_for_consumer
-from torchfeed.data.seeding import derive_seed
+from torchfeed.data._plan import EpochPlan, epoch_order, split_for_consumer
+from torchfeed.data._seeding import derive_seed
 
-__all__ = ["ShardedIterableDataset", "seed_sample", "split_for_consumer"]
+__all__ = ["ShardedIterableDataset", "seed_sample"]
 
 
 def seed_sample(seed: int, epoch: int, item: int, sample: int) -> None:
@@ -113,7 +113,6 @@ class ShardedIterableDataset(IterableDataset):
     def epoch(self) -> int:
         return int(self._epoch[0])
 
-    # --- the plan ---------------------------------------------------------------------------------
     def _order(self, epoch: int) -> list[int]:
         return epoch_order(len(self.items), self.seed, epoch, self.shuffle)
 
@@ -169,7 +168,6 @@ class ShardedIterableDataset(IterableDataset):
         mine = split_for_consumer(order, rank * workers + worker, consumers, self.uneven)
         return [self.items[i] for i in mine]
 
-    # --- reading ----------------------------------------------------------------------------------
     def _open(self, item: Any) -> Any:
         return self.open_item(item) if self.open_item else item
 
@@ -321,7 +319,6 @@ class ShardedIterableDataset(IterableDataset):
                 yield sample
             k += 1
 
-    # --- checkpoints ------------------------------------------------------------------------------
     def checkpoint(
         self, consumers: int, consumed: Sequence[int], rotation: int = 0
     ) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import Sampler
 
 from torchfeed.data._distributed import rank_and_world_size
-from torchfeed.data.plan import EpochPlan
+from torchfeed.data._plan import EpochPlan
 
 __all__ = ["DistributedSampler"]
 
@@ -131,7 +131,6 @@ class DistributedSampler(Sampler[int]):
     def __len__(self) -> int:
         return self.progress()[1][self.rank]
 
-    # --- checkpoints ------------------------------------------------------------------------------
     def checkpoint(self, consumed: list[int]) -> dict[str, Any]:
         """The state after rank r consumed ``consumed[r]`` indices of this epoch."""
         resume = self._current()

@@ -1,84 +1,31 @@
-"""torchfeed.io: crop-window decoding against torchvision's whole-image decoder, the fallback
+"""torchfeed.decode: crop-window decoding against torchvision's whole-image decoder, the fallback
 without libjpeg-turbo, DecodeRandomCrop in DataLoader workers, and every user error."""
 
 from __future__ import annotations
 
-import io
 import pickle
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader, Dataset
-from torchvision.io import ImageReadMode, decode_image
 
 import torchfeed
-import torchfeed.io as tio
-import torchfeed.ops.decode_jpeg_window as jpeg_op
-from torchfeed.io import DecodeRandomCrop, as_encoded, decode_window, image_size
-from torchfeed.transforms import resized_crop_box
+import torchfeed.decode as tio
+import torchfeed.ops._jpeg as jpeg_op
+from torchfeed.decode import DecodeRandomCrop, decode_window, image_size
+from torchfeed.decode import _as_encoded as as_encoded
+from torchfeed.sampling import resized_crop_box
 
-needs_window_decoder = pytest.mark.skipif(
-    not jpeg_op.WINDOW_DECODER, reason="built without libjpeg-turbo (build_info()['jpeg'] is None)"
+from jpeg_cases import (
+    JPEGS,
+    edge_boxes,
+    encode,
+    full_decode,
+    needs_window_decoder,
+    picture,
+    random_boxes,
 )
-
-
-def picture(h: int, w: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
-    """Smooth gradients plus noise: chroma varies across every block edge, so an upsampling
-    mistake at a window's edge shows."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w]
-    rgb = np.stack([(3 * x + y) % 256, (5 * y) % 256, (x * y // 7) % 256], -1)
-    rgb = (rgb + rng.integers(0, 48, rgb.shape)).clip(0, 255).astype(np.uint8)
-    return Image.fromarray(rgb).convert(mode)
-
-
-def encode(image: Image.Image, fmt: str = "JPEG", **options) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, fmt, **options)
-    return buf.getvalue()
-
-
-# Every chroma subsampling libjpeg's encoder writes, progressive, restart markers, grayscale,
-# sizes that are not multiples of the 8/16-pixel blocks, and 1 x 1.
-JPEGS = {
-    "4:2:0": lambda: encode(picture(123, 157), quality=90, subsampling=2),
-    "4:2:2": lambda: encode(picture(131, 150, seed=1), quality=90, subsampling=1),
-    "4:4:4": lambda: encode(picture(97, 203, seed=2), quality=90, subsampling=0),
-    "progressive": lambda: encode(picture(200, 301, seed=3), quality=85, progressive=True),
-    "restart markers": lambda: encode(picture(150, 170, seed=4), quality=80, restart_marker_rows=1),
-    "grayscale": lambda: encode(picture(77, 91, "L", seed=5)),
-    "1x1": lambda: encode(picture(1, 1, seed=6)),
-    "1 row": lambda: encode(picture(1, 66, seed=7)),
-}
-
-
-def full_decode(data: bytes) -> torch.Tensor:
-    return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB)
-
-
-def random_boxes(height: int, width: int, n: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    for _ in range(n):
-        h, w = int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))
-        yield int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
-
-
-def edge_boxes(height: int, width: int):
-    """The whole image, every corner, and 1-pixel strips along each border."""
-    yield 0, 0, height, width
-    for top in (0, height - 1):
-        for left in (0, width - 1):
-            yield top, left, 1, 1
-    yield 0, 0, 1, width
-    yield height - 1, 0, 1, width
-    yield 0, 0, height, 1
-    yield 0, width - 1, height, 1
-    yield height // 2, width // 2, height - height // 2, width - width // 2
-
-
-# --- the window's pixels are a full decode's pixels ----------------------------------------------
 
 
 @pytest.mark.parametrize("kind", list(JPEGS))
@@ -126,7 +73,7 @@ def test_fallback_without_the_window_decoder(monkeypatch):
     """A build without libjpeg-turbo: the same pixels, from torchvision's decoder."""
     data = JPEGS["4:2:0"]()
     full = full_decode(data)
-    monkeypatch.setattr(jpeg_op, "WINDOW_DECODER", False)
+    monkeypatch.setattr(jpeg_op, "_use_window_decoder", False)
     assert image_size(data) == (123, 157)
     assert torch.equal(decode_window(data, (3, 4, 50, 60)), full[:, 3:53, 4:64])
     crop = DecodeRandomCrop(generator=torch.Generator().manual_seed(1), return_box=True)
@@ -136,12 +83,9 @@ def test_fallback_without_the_window_decoder(monkeypatch):
 
 def test_build_info_names_the_jpeg_library():
     jpeg = torchfeed.build_info()["jpeg"]
-    assert (jpeg is None) == (not jpeg_op.WINDOW_DECODER)
+    assert (jpeg is None) == (not jpeg_op.window_decoder())
     if jpeg is not None:
         assert jpeg.startswith("libjpeg")
-
-
-# --- inputs ----------------------------------------------------------------------------------------
 
 
 def test_every_kind_of_encoded_input_gives_the_same_window():
@@ -240,53 +184,6 @@ def test_garbage_raises(data):
         decode_window(data, (0, 0, 1, 1))
     with pytest.raises(RuntimeError):
         DecodeRandomCrop()(data)
-
-
-# --- the op itself ----------------------------------------------------------------------------------
-
-
-@needs_window_decoder
-def test_opcheck():
-    data = torch.frombuffer(bytearray(JPEGS["4:2:0"]()), dtype=torch.uint8)
-    for box in [(0, 0, 123, 157), (40, 17, 33, 61), (122, 156, 1, 1)]:
-        torch.library.opcheck(torch.ops.torchfeed.decode_jpeg_window.default, (data, *box))
-
-
-@needs_window_decoder
-def test_raw_op_errors():
-    op = torch.ops.torchfeed.decode_jpeg_window
-    data = torch.frombuffer(bytearray(JPEGS["4:2:0"]()), dtype=torch.uint8)
-    with pytest.raises(TypeError, match="data must be uint8"):
-        op(data.float(), 0, 0, 1, 1)
-    with pytest.raises(ValueError, match="data must be a contiguous 1-D tensor"):
-        op(data.reshape(1, -1), 0, 0, 1, 1)
-    with pytest.raises(ValueError, match="data must be a contiguous 1-D tensor"):
-        op(data[::2], 0, 0, 1, 1)
-    with pytest.raises(ValueError, match="data is empty"):
-        op(data[:0], 0, 0, 1, 1)
-    with pytest.raises(ValueError, match=r"height and width must be >= 1, got 0 x 1"):
-        op(data, 0, 0, 0, 1)
-    with pytest.raises(ValueError, match=r"must lie inside the 123 x 157 image"):
-        op(data, 0, 1, 1, 157)
-    cmyk = torch.frombuffer(bytearray(encode(picture(8, 8, "CMYK"))), dtype=torch.uint8)
-    with pytest.raises(ValueError, match="CMYK/YCCK"):
-        op(cmyk, 0, 0, 1, 1)
-    with pytest.raises(RuntimeError, match="not a readable JPEG"):
-        op(torch.frombuffer(bytearray(b"\xff\xd8\xffjunk"), dtype=torch.uint8), 0, 0, 1, 1)
-
-
-@needs_window_decoder
-def test_op_under_torch_compile():
-    data = torch.frombuffer(bytearray(JPEGS["4:2:2"]()), dtype=torch.uint8)
-
-    @torch.compile(fullgraph=True, backend="eager")
-    def fn(d):
-        return torch.ops.torchfeed.decode_jpeg_window(d, 10, 20, 30, 40).float().mean(0)
-
-    assert torch.equal(fn(data), full_decode(JPEGS["4:2:2"]())[:, 10:40, 20:60].float().mean(0))
-
-
-# --- DecodeRandomCrop ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["4:2:0", "progressive", "grayscale", "png"])

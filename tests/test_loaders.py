@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from torch.utils.data import Dataset
 
 import torchfeed
 from torchfeed.data import (
     DistributedSampler,
-    EpochPlan,
     ShardedIterableDataset,
     SkipCorrupt,
     WorkerSeeder,
@@ -25,64 +22,6 @@ pytestmark = [
     # torchdata 0.11 calls an API torch deprecates
     pytest.mark.filterwarnings("ignore:.set_vital. is deprecated"),
 ]
-
-
-# --- plans ---------------------------------------------------------------------------------------
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    lengths=st.lists(st.integers(0, 7), min_size=1, max_size=30),
-    before=st.integers(1, 6),
-    after=st.integers(1, 6),
-    uneven=st.sampled_from(["drop", "pad"]),
-    data=st.data(),
-)
-def test_a_resumed_plan_reads_what_is_left_exactly_once_in_balanced_shares(
-    lengths, before, after, uneven, data
-):
-    plan = EpochPlan.fresh(lengths, before, uneven)
-    consumed = [data.draw(st.integers(0, plan.length(c))) for c in range(before)]
-    rest = plan.resumed(consumed, after)
-    total = lambda segs: [(p, k) for p, a, b in segs for k in range(a, b)]  # noqa: E731
-    read = [s for c in range(before) for s in total(plan.shares[c])[: consumed[c]]]
-    read += [s for c in range(after) for s in total(rest.shares[c])]
-    planned = [s for c in range(before) for s in total(plan.shares[c])]
-    assert sorted(read) == sorted(planned)  # the plan's samples, each once
-    sizes = [rest.length(c) for c in range(after)]
-    assert max(sizes) - min(sizes) <= 1
-
-
-# --- the distributed sampler ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("drop_last", [False, True])
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_the_sampler_draws_what_torchs_draws(drop_last, shuffle):
-    for world in (1, 2, 3):
-        for rank in range(world):
-            ours = DistributedSampler(range(23), world, rank, shuffle, 5, drop_last)
-            theirs = torch.utils.data.DistributedSampler(range(23), world, rank, shuffle, 5,
-                                                         drop_last)  # fmt: skip
-            for epoch in (0, 3):
-                ours.set_epoch(epoch)
-                theirs.set_epoch(epoch)
-                assert list(ours) == list(theirs) and len(ours) == len(theirs)
-
-
-def test_the_sampler_checks_its_arguments():
-    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\)"):
-        DistributedSampler(range(5), num_replicas=2, rank=2)
-    with pytest.raises(ValueError, match="num_replicas must be an int >= 1"):
-        DistributedSampler(range(5), num_replicas=0, rank=0)
-    with pytest.raises(ValueError, match="the dataset is empty"):
-        DistributedSampler([], num_replicas=1, rank=0)
-    s = DistributedSampler(range(5), num_replicas=1, rank=0, seed=1)
-    with pytest.raises(ValueError, match="seed=2 differs"):
-        s.load_state_dict({**DistributedSampler(range(5), 1, 0, seed=2).state_dict()})
-
-
-# --- torchfeed.loader: several ranks simulated in one process, in lockstep -----------------------
 
 
 class Noisy(Dataset):
@@ -160,9 +99,6 @@ def test_map_style_elastic_resume_reads_the_rest_exactly_once(before, after):
     # the next epoch is a fresh, balanced plan on the new world
     nxt = map_loaders(after, epoch=2)
     assert len({len(dl) for dl in nxt}) == 1
-
-
-# --- the sharded iterable dataset ------------------------------------------------------------------
 
 
 def shard(k: int):
@@ -269,9 +205,6 @@ def test_samples_per_epoch_resumes_on_the_same_world_only(monkeypatch):
         list(other)
 
 
-# --- the zero-copy loader, SkipCorrupt, WorkerSeeder ----------------------------------------------
-
-
 class Tokens(Dataset):
     def __len__(self):
         return 40
@@ -341,9 +274,6 @@ def test_a_generic_sampler_is_fast_forwarded_with_the_same_order():
     again = make()
     again.load_state_dict(state)
     assert head + [b.tolist() for b in again] == full
-
-
-# --- torchdata's StatefulDataLoader -------------------------------------------------------------
 
 
 stateful = pytest.importorskip("torchdata.stateful_dataloader")

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from torchfeed._extension import C
-from torchfeed.memory._fences import DEFAULT, RingFences, check_timeout
-from torchfeed.tree import Lazy, carve, field_layout, map_tensors, nbytes
+from torchfeed._tree import Lazy, carve, field_layout, map_tensors, nbytes
+from torchfeed.memory._ring_base import DEFAULT, RingBase, check_timeout
 
 __all__ = ["RingHandle", "SharedRing"]
 
@@ -51,7 +51,7 @@ class RingHandle:
     tree: Any
 
 
-class SharedRing(RingFences):
+class SharedRing(RingBase):
     """A ring of ``capacity`` bytes in shared memory (an anonymous memfd), created in the main
     process before the workers start and mapped by every worker (fork or spawn). Workers
     ``pack`` batches into regions; the main process ``unpack``s handles into tensors viewing the
@@ -85,7 +85,6 @@ class SharedRing(RingFences):
                 raise ValueError("SharedRing: pinned=True needs a usable CUDA GPU")
         self._warned_oversize = False
 
-    # --- crossing into a spawned worker ---------------------------------------------------------
     def __reduce__(self):
         return (_attach, (self._owner, self._fd, self.timeout))
 
@@ -103,8 +102,6 @@ class SharedRing(RingFences):
             os.close(local)  # the mapping stays
         self._warned_oversize = False
         return self
-
-    # --- facts ---------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
         """capacity, bytes_in_use, regions_in_workers (being written or in transit),
@@ -124,7 +121,6 @@ class SharedRing(RingFences):
         before ``generation``: batches of an epoch that will never be unpacked."""
         return self._ring.reclaim_before(generation)
 
-    # --- the worker side -----------------------------------------------------------------------
     def pack(self, batch: Any, timeout: float | None = DEFAULT) -> RingHandle | Any:
         """Writes every tensor of ``batch`` (and every :class:`Lazy` one) into one region and
         returns its handle. A batch larger than the whole ring is returned as an ordinary batch,
@@ -162,7 +158,6 @@ class SharedRing(RingFences):
             raise
         return RingHandle(slot, generation, total, tree)
 
-    # --- the main side -------------------------------------------------------------------------
     def unpack(self, handle: RingHandle) -> Any:
         """The batch of a handle, as tensors viewing the region (which is released when they are
         all freed)."""

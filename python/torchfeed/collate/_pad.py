@@ -12,9 +12,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import get_worker_info
 
-from torchfeed._compat import UNSET, renamed
 from torchfeed.collate._fields import collate_field
-from torchfeed.ops.pad import PadOptions, PadValue, Side, pad_with
+from torchfeed.memory import SharedRing
+from torchfeed.ops._pad import PadOptions, PadValue, Side, pad_with
 from torchfeed.ragged import RaggedBatch
 
 __all__ = ["PadCollate"]
@@ -56,10 +56,8 @@ class PadCollate:
         max_length: int | None = None,
         truncation_side: Side | None = None,
         packed: bool = False,
-        shared_ring: Any = None,
-        ring: Any = UNSET,
+        shared_ring: SharedRing | None = None,
     ) -> None:
-        shared_ring = renamed("PadCollate", "ring", "shared_ring", ring, shared_ring)
         # a torchfeed.SharedRing: inside DataLoader workers, batches are collated into it
         self.shared_ring = shared_ring
         if ragged is None:
@@ -114,7 +112,7 @@ class PadCollate:
             for key, value in [*self.ragged.items(), (None, pad_value)]
         }
 
-    def with_shared_ring(self, shared_ring: Any) -> PadCollate:
+    def with_shared_ring(self, shared_ring: SharedRing | None) -> PadCollate:
         """A copy of this collate that packs its batches into ``shared_ring`` inside DataLoader
         workers (``None``: a copy that does not); this one is left as it is."""
         bound = copy.copy(self)
@@ -143,7 +141,6 @@ class PadCollate:
             f"truncation_side={self.truncation_side!r}, packed={self.packed})"
         )
 
-    # --- collation ----------------------------------------------------------------------------
     def __call__(self, batch: Sequence[Any]) -> Any:
         if self.shared_ring is not None and get_worker_info() is not None:
             # fixed fields in private memory: the ring replaces the worker's shared memory

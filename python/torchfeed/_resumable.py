@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from torchfeed.data._distributed import rank_and_world_size
-from torchfeed.data.sampler import DistributedSampler
-from torchfeed.data.sharding import ShardedIterableDataset
+from torchfeed.data._sampler import DistributedSampler
+from torchfeed.data._sharding import ShardedIterableDataset
 
 __all__ = ["ResumableLoader", "worker_batches"]
 
@@ -83,7 +83,6 @@ class ResumableLoader(DataLoader):
         self._skip_batches = 0
         self._started = False
 
-    # --- what is being read -----------------------------------------------------------------------
     def _source(self) -> DistributedSampler | ShardedIterableDataset | None:
         if isinstance(self.dataset, ShardedIterableDataset):
             return self.dataset
@@ -104,7 +103,6 @@ class ResumableLoader(DataLoader):
     def _rng_state(self) -> torch.Tensor:
         return self.generator.get_state() if self.generator is not None else torch.get_rng_state()
 
-    # --- iteration --------------------------------------------------------------------------------
     def _make_iterator(self) -> Iterator[Any]:
         return super().__iter__()
 
@@ -136,7 +134,6 @@ class ResumableLoader(DataLoader):
             if done is not None:
                 done()
 
-    # --- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands after the batches yielded so far."""
         batch_size = self.batch_size or 1

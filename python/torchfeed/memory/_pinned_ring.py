@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from torchfeed._extension import C
-from torchfeed.memory._fences import DEFAULT, RingFences, check_timeout
-from torchfeed.tree import carve, field_layout, map_tensors, tensors_of
+from torchfeed._tree import carve, field_layout, map_tensors, tensors_of
+from torchfeed.memory._ring_base import DEFAULT, RingBase, check_timeout
 
 __all__ = ["CHUNK_BYTES", "PinnedRing"]
 
@@ -19,7 +19,7 @@ CHUNK_BYTES = 4 << 20
 _SHARED: dict[str, PinnedRing] = {}
 
 
-class PinnedRing(RingFences):
+class PinnedRing(RingBase):
     """One arena of ``capacity`` bytes, allocated once: page-locked through the CUDA runtime
     when a GPU is usable (``pinned=None``), page-aligned host memory otherwise (optionally
     ``mlock``-ed: without CAP_IPC_LOCK, a capacity beyond RLIMIT_MEMLOCK is refused with both
@@ -52,7 +52,6 @@ class PinnedRing(RingFences):
         self._ring = C._PinnedRing(capacity, alignment, flag, bool(mlock))
         self._base = self._ring.data_address
 
-    # --- the raw block interface ---------------------------------------------------------------
     def allocate(self, nbytes: int, timeout: float | None = DEFAULT) -> Tensor:
         """A uint8 tensor ``[nbytes]`` over a fresh block, held until it (and every view of it)
         is freed."""
@@ -73,7 +72,6 @@ class PinnedRing(RingFences):
         """(id, offset, size, held by a host tensor, copies pending) of each live block."""
         return self._ring.blocks()
 
-    # --- batches -------------------------------------------------------------------------------
     def stage(self, batch: Any, timeout: float | None = DEFAULT) -> Any:
         """Copies every CPU tensor of a nested batch into ONE ring block and returns the same
         structure viewing ring memory (``is_pinned()`` on a GPU machine). Tensors already on a
@@ -168,7 +166,6 @@ class PinnedRing(RingFences):
             target.record_stream(consumer)  # every tensor of `out` views it
         return out
 
-    # --- one arena per device, shared --------------------------------------------------------
     @classmethod
     def for_device(cls, device: torch.device | str, capacity: int) -> PinnedRing:
         """A process-wide page-locked ring for copies to ``device`` with at least ``capacity``
@@ -183,7 +180,6 @@ class PinnedRing(RingFences):
             _SHARED[key] = ring
         return ring
 
-    # --- lifetime ------------------------------------------------------------------------------
     def close(self, timeout: float | None = DEFAULT) -> None:
         """No more allocations; frees the arena once no copy from it is pending (waiting up to
         ``timeout`` seconds for those). Tensors still viewing the ring keep the arena alive

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
+from torchfeed._pipeline_bench.runner import PipelineResult, run_epochs
 from torchfeed.collate import PadCollate
-from torchfeed.loader import loader
-from torchfeed.pipeline_bench.runner import PipelineResult, run_epochs
+from torchfeed.loaders import loader
 from torchfeed.ragged import RaggedBatch
 
 __all__ = ["BASELINE", "PIPELINES", "TokenDataset", "check_pipelines_agree", "run"]

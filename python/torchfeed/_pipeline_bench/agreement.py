@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 from torchvision.io import ImageReadMode, decode_image, read_file
 
-from torchfeed.io import decode_window
-from torchfeed.pipeline_bench.image_pipelines import MEAN, SIZE, STD, WINDOW_BOUND
+from torchfeed._pipeline_bench.image_pipelines import MEAN, SIZE, STD, WINDOW_BOUND
+from torchfeed.decode import decode_window
+from torchfeed.ops.crop_flip_normalize import crop_flip_normalize
 from torchfeed.reference import crop_flip_normalize_torchvision
 from torchfeed.sampling import sample_flips, sample_resized_crop_params
-from torchfeed.transforms import crop_flip_normalize
 
 __all__ = ["check_agreement", "decodable"]
 

@@ -9,8 +9,8 @@ timings in ``stages``), on the same files in the same order:
   fused per-image crop/flip/resize/normalize on the device (on a CPU-only machine, in the
   prefetcher's thread);
 - torchfeed with crop-window decoding: the workers draw each image's crop from the JPEG header
-  and decode only that window (``torchfeed.io.DecodeRandomCrop``, libjpeg-turbo), collate into
-  the shared ring; the prefetcher resizes, flips and normalizes (``ResizeFlipNormalize``): the
+  and decode only that window (``torchfeed.decode.DecodeRandomCrop``, libjpeg-turbo), collate into
+  the shared ring; the prefetcher resizes, flips and normalizes (``ResizeRandomFlipNormalize``): the
   same result as RandomResizedCrop on the full image, with less decoding;
 - on a GPU machine, torchfeed with GPU decoding: workers only read the files, and
   ``torchvision.io.decode_jpeg(..., device="cuda")`` decodes the batch on the GPU.
@@ -27,13 +27,13 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms import v2
 
+from torchfeed._pipeline_bench.runner import PipelineResult, run_epochs
 from torchfeed.collate import ImageCollate
 from torchfeed.data import SkipCorrupt
-from torchfeed.io import DecodeRandomCrop
-from torchfeed.loader import loader as zc_loader
-from torchfeed.pipeline_bench.runner import PipelineResult, run_epochs
+from torchfeed.decode import DecodeRandomCrop
+from torchfeed.loaders import loader as zc_loader
 from torchfeed.prefetch import DevicePrefetcher
-from torchfeed.transforms import RandomResizedCropFlipNormalize, ResizeFlipNormalize
+from torchfeed.transforms import RandomResizedCropFlipNormalize, ResizeRandomFlipNormalize
 
 __all__ = [
     "BASELINE",
@@ -185,14 +185,14 @@ def make_pipelines(
     def window():
         # workers draw each crop from the JPEG header and decode only that window
         dl = shared(decode=DecodeRandomCrop(), zero_copy=workers > 0)
-        t = ResizeFlipNormalize(
+        t = ResizeRandomFlipNormalize(
             SIZE, mean=MEAN, std=STD, generator=torch.Generator().manual_seed(0)
         )
         return prefetched(dl, t)
 
     def window_in_workers():
         return shared(
-            decode=DecodeRandomCrop(), transform=ResizeFlipNormalize(SIZE, mean=MEAN, std=STD)
+            decode=DecodeRandomCrop(), transform=ResizeRandomFlipNormalize(SIZE, mean=MEAN, std=STD)
         )
 
     pipelines[BASELINE] = baseline

@@ -39,11 +39,13 @@ def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
     lines.append(f"CPU kernels: {C.cpu_isa()} instruction set")
     advice = []
     if info["jpeg"]:
-        lines.append(f"crop-window JPEG decoding (torchfeed.io): {info['jpeg']}")
+        lines.append(f"crop-window JPEG decoding (torchfeed.decode): {info['jpeg']}")
     else:
-        lines.append("crop-window JPEG decoding (torchfeed.io): not built, decodes whole images")
+        lines.append(
+            "crop-window JPEG decoding (torchfeed.decode): not built, decodes whole images"
+        )
         advice.append(
-            "torchfeed.io decodes whole JPEGs here: install libjpeg-turbo's headers (Debian/"
+            "torchfeed.decode decodes whole JPEGs here: install libjpeg-turbo's headers (Debian/"
             "Ubuntu: libjpeg-turbo8-dev or libjpeg62-turbo-dev) and rebuild to decode only "
             "the crop"
         )

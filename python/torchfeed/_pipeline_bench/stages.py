@@ -12,20 +12,20 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_image, read_file
 
-from torchfeed.collate import ImageCollate
-from torchfeed.images import RaggedImages
-from torchfeed.io import DecodeRandomCrop
-from torchfeed.loader import loader as zc_loader
-from torchfeed.memory import PinnedRing, SharedRing
-from torchfeed.pipeline_bench.agreement import decodable
-from torchfeed.pipeline_bench.image_pipelines import (
+from torchfeed._pipeline_bench.agreement import decodable
+from torchfeed._pipeline_bench.image_pipelines import (
     MEAN,
     SIZE,
     STD,
     fused_transform,
     torchvision_transform,
 )
-from torchfeed.transforms import ResizeFlipNormalize
+from torchfeed.collate import ImageCollate
+from torchfeed.decode import DecodeRandomCrop
+from torchfeed.images import RaggedImages
+from torchfeed.loaders import loader as zc_loader
+from torchfeed.memory import PinnedRing, SharedRing
+from torchfeed.transforms import ResizeRandomFlipNormalize
 
 __all__ = ["stage_breakdown"]
 
@@ -98,7 +98,7 @@ def stage_breakdown(
     read_window = _median_ms(lambda: [crop_decode(read_file(str(f))) for f in files], repeat)
     windows: list[torch.Tensor] = [crop_decode(read_file(str(f))) for f in files]  # type: ignore[misc]
     ragged_windows = RaggedImages.from_images(windows)
-    resize = ResizeFlipNormalize(SIZE, mean=MEAN, std=STD)
+    resize = ResizeRandomFlipNormalize(SIZE, mean=MEAN, std=STD)
     fused_ms = _median_ms(lambda: fused(ragged), repeat)
     images_with_labels = [(d, 0) for d in decoded]
     rows = [

@@ -14,28 +14,22 @@ consumer where its batches live through :meth:`ZeroCopyLoader.host_memory` (whic
 
 from __future__ import annotations
 
-import copy
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from torchfeed.memory._fences import check_timeout
-from torchfeed.memory.shared_ring import RingHandle, SharedRing
-from torchfeed.resumable import ResumableLoader
-from torchfeed.tree import tensors_of
+from torchfeed._resumable import ResumableLoader
+from torchfeed._tree import tensors_of
+from torchfeed.memory._ring_base import check_timeout
+from torchfeed.memory._shared_ring import RingHandle, SharedRing
 
 __all__ = ["ResumableLoader", "ZeroCopyLoader", "loader"]
 
 
 def _bind(collate_fn: Callable, ring: SharedRing | None) -> Callable:
     """``collate_fn`` bound to ``ring`` (a copy: the caller's object is never changed)."""
-    if hasattr(collate_fn, "with_shared_ring"):
-        return collate_fn.with_shared_ring(ring)
-    bound = copy.copy(collate_fn)  # the 0.1 protocol: a `ring` attribute (deprecated)
-    bound.ring = ring  # type: ignore[attr-defined]
-    return bound
+    return collate_fn.with_shared_ring(ring)  # type: ignore[attr-defined]
 
 
 class ZeroCopyLoader(ResumableLoader):
@@ -60,17 +54,10 @@ class ZeroCopyLoader(ResumableLoader):
         **kwargs: Any,
     ) -> None:
         if not hasattr(collate_fn, "with_shared_ring"):
-            if not hasattr(collate_fn, "ring"):
-                raise TypeError(
-                    "zero_copy needs a ring-aware collate_fn (torchfeed.PadCollate, "
-                    "torchfeed.ImageCollate, or one with a with_shared_ring(ring) method), got "
-                    f"{collate_fn!r}"
-                )
-            warnings.warn(
-                "a collate_fn with a `ring` attribute is deprecated for zero_copy: give it a "
-                "with_shared_ring(ring) method that returns a bound copy",
-                DeprecationWarning,
-                stacklevel=2,
+            raise TypeError(
+                "zero_copy needs a ring-aware collate_fn (torchfeed.PadCollate, "
+                "torchfeed.ImageCollate, or one with a with_shared_ring(ring) method), got "
+                f"{collate_fn!r}"
             )
         if ring_capacity is None and (
             isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")

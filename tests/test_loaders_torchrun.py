@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "dist_resume.py"
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "dist_resume.py"
 ITEMS = 150
 
 pytestmark = pytest.mark.slow

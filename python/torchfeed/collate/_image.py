@@ -4,17 +4,33 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
+import torch
 from torch import Tensor
 from torch.utils.data import default_collate, get_worker_info
 
-from torchfeed._compat import UNSET, renamed
+from torchfeed._packing import Layout, check_layout, image_shapes, storage_views
+from torchfeed._tree import Lazy, concat
 from torchfeed.collate._fields import private_collate
-from torchfeed.images import Layout, RaggedImages, check_layout, image_shapes, storage_views
-from torchfeed.tree import Lazy, concat
+from torchfeed.images import RaggedImages
+from torchfeed.memory import SharedRing
 
-__all__ = ["ImageCollate"]
+__all__ = ["BatchTransform", "ImageCollate"]
+
+
+class BatchTransform(Protocol):
+    """What ImageCollate needs of a transform to run it on the batch (torchfeed's batch
+    transforms): the output's shape, dtype and memory format known before it is written, and
+    ``apply`` writing it into a given buffer (a zero-copy ring's region)."""
+
+    image_layout: Layout
+    dtype: torch.dtype
+    channels_last: bool
+
+    def output_shape(self, batch_size: int, channels: int) -> tuple[int, ...]: ...
+
+    def apply(self, images: Any, out: Tensor | None = None) -> tuple[Tensor, Any, Any]: ...
 
 
 class ImageCollate:
@@ -27,18 +43,16 @@ class ImageCollate:
         self,
         image_key: str | int = 0,
         layout: Layout = "CHW",
-        transform: Any = None,
+        transform: BatchTransform | None = None,
         *,
-        shared_ring: Any = None,
-        ring: Any = UNSET,
+        shared_ring: SharedRing | None = None,
     ) -> None:
-        shared_ring = renamed("ImageCollate", "ring", "shared_ring", ring, shared_ring)
         check_layout(layout)
         if transform is not None:
             if not hasattr(transform, "apply") or not hasattr(transform, "output_shape"):
                 raise TypeError(
                     "transform must be a torchfeed batch transform "
-                    "(RandomResizedCropFlipNormalize, ResizeFlipNormalize or "
+                    "(RandomResizedCropFlipNormalize, ResizeRandomFlipNormalize or "
                     f"ResizeCenterCropNormalize), got {type(transform).__name__}"
                 )
             if transform.image_layout != layout:
@@ -52,7 +66,7 @@ class ImageCollate:
         self.shared_ring = shared_ring
         self.transform = transform  # applied to the batch here (in the workers)
 
-    def with_shared_ring(self, shared_ring: Any) -> ImageCollate:
+    def with_shared_ring(self, shared_ring: SharedRing | None) -> ImageCollate:
         """A copy of this collate that packs its batches into ``shared_ring`` inside DataLoader
         workers (``None``: a copy that does not); this one is left as it is."""
         bound = copy.copy(self)
@@ -95,24 +109,27 @@ class ImageCollate:
             raise TypeError(
                 f"ImageCollate: samples must be images, dicts or tuples, got {type(first).__name__}"
             )
-        return self.shared_ring.pack(out) if zero_copy else out
+        return self.shared_ring.pack(out) if zero_copy and self.shared_ring else out
 
     def _transformed(self, images: Sequence[Tensor], layout: Layout) -> Tensor:
+        assert self.transform is not None  # chosen only with a transform
         return self.transform.apply(list(images))[0]
 
     def _lazy_transformed(self, images: Sequence[Tensor], layout: Layout) -> Any:
         """The transform's output, written by the fused kernel straight into the ring."""
+        transform = self.transform
+        assert transform is not None  # chosen only with a transform
         images = list(images)
         channels = image_shapes(images, layout)[0][0]
-        b, c, h, w = self.transform.output_shape(len(images), channels)
-        if self.transform.channels_last:  # stored as [B, H, W, C], viewed as [B, C, H, W]
+        b, c, h, w = transform.output_shape(len(images), channels)
+        if transform.channels_last:  # stored as [B, H, W, C], viewed as [B, C, H, W]
             shape, permute = (b, h, w, c), (0, 3, 1, 2)
         else:
             shape, permute = (b, c, h, w), None
         return Lazy(
-            self.transform.dtype,
+            transform.dtype,
             shape,
-            lambda out: self.transform.apply(images, out=out),
+            lambda out: transform.apply(images, out=out),
             lambda: self._transformed(images, layout),
             permute,
         )

@@ -6,8 +6,8 @@ worker reads the JPEG's header, draws the crop there (torchvision's algorithm), 
 decodes just that window: rows below it are never decoded, and rows above it and columns beside
 it are only entropy-decoded. (NVIDIA DALI's ``decoders.image_random_crop`` does the same.) The
 window's pixels are bit-identical to a full decode sliced afterwards, so what follows (resize,
-flip, normalize: :class:`torchfeed.transforms.ResizeFlipNormalize`) gives exactly the result of
-the usual ``RandomResizedCrop`` on the full image.
+flip, normalize: :class:`torchfeed.transforms.ResizeRandomFlipNormalize`) gives exactly the
+result of the usual ``RandomResizedCrop`` on the full image.
 
 Crop-window decoding needs the extension built with libjpeg-turbo (``build_info()["jpeg"]``).
 Without it, and for files it cannot decode that way (PNG and other formats, CMYK JPEGs), the
@@ -23,15 +23,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchfeed._options import check_generator, check_range
 from torchfeed.limits import check_image_pixels
-from torchfeed.ops import decode_jpeg_window as _op
-from torchfeed.ops.decode_jpeg_window import Box, check_box, decode_whole
-from torchfeed.sampling import check_generator, check_range, resized_crop_box
+from torchfeed.ops._jpeg import Box, check_box, decode_whole, jpeg_header
+from torchfeed.ops.decode_jpeg_window import decode_jpeg_window
+from torchfeed.sampling import resized_crop_box
 
-__all__ = ["Box", "DecodeRandomCrop", "as_encoded", "decode_window", "image_size"]
+__all__ = ["DecodeRandomCrop", "decode_window", "image_size"]
 
 
-def as_encoded(data: Any, name: str = "data") -> Tensor:
+def _as_encoded(data: Any, name: str = "data") -> Tensor:
     """An encoded file as a contiguous 1-D uint8 CPU tensor: from such a tensor (what
     ``torchvision.io.read_file`` returns), ``bytes``, ``bytearray``, ``memoryview`` or a 1-D
     uint8 numpy array. Shares memory where it can (writable, contiguous buffers); copies
@@ -80,7 +81,7 @@ def _slice_window(image: Tensor, box: Any) -> Tensor:
 def _decodable_header(data: Tensor) -> tuple[int, int] | None:
     """The JPEG's (height, width) when the window decoder takes it, after checking the size it
     declares against torchfeed.limits (before anything is allocated); None: the fallback."""
-    header = _op.jpeg_header(data)
+    header = jpeg_header(data)
     if header is not None:
         check_image_pixels(*header, "the JPEG")
     return header
@@ -89,8 +90,8 @@ def _decodable_header(data: Tensor) -> tuple[int, int] | None:
 def image_size(data: Any) -> tuple[int, int]:
     """(height, width) of an encoded image. JPEGs: from the header alone; other formats are
     decoded to find out."""
-    data = as_encoded(data)
-    header = _op.jpeg_header(data)
+    data = _as_encoded(data)
+    header = jpeg_header(data)
     if header is not None:
         return header
     image = decode_whole(data)
@@ -102,19 +103,19 @@ def decode_window(data: Any, box: Sequence[int] | Tensor) -> Tensor:
     ``[3, height, width]`` (HWC memory order, as torchvision's decoder returns). For JPEGs only
     the window is decoded; the result equals ``decode_image(data, RGB)[:, top:top+height,
     left:left+width]`` exactly."""
-    data = as_encoded(data)
+    data = _as_encoded(data)
     header = _decodable_header(data)
     if header is None:
         return _slice_window(decode_whole(data), box)
     top, left, h, w = check_box(box, *header)
-    return _op.decode_jpeg_window(data, (top, left, h, w))
+    return decode_jpeg_window(data, (top, left, h, w))
 
 
 class DecodeRandomCrop:
     """A per-sample transform for the workers: encoded bytes in, the RGB pixels of a random crop
     out (uint8 ``[3, h, w]``), drawn with torchvision's ``RandomResizedCrop`` algorithm
     (``scale``, ``ratio``) and decoded alone (see the module's docstring). Resize, flip and
-    normalize the batch afterwards with :class:`torchfeed.transforms.ResizeFlipNormalize`; the
+    normalize the batch afterwards with :class:`torchfeed.transforms.ResizeRandomFlipNormalize`; the
     two together equal ``RandomResizedCrop -> RandomHorizontalFlip -> ToDtype -> Normalize``.
 
     Draws from ``generator``, else from torch's global generator, which the DataLoader seeds
@@ -135,7 +136,7 @@ class DecodeRandomCrop:
         self.return_box = bool(return_box)
 
     def __call__(self, data: Any) -> Tensor | tuple[Tensor, Box]:
-        data = as_encoded(data)
+        data = _as_encoded(data)
         header = _decodable_header(data)
         if header is None:
             image = decode_whole(data)
@@ -144,7 +145,7 @@ class DecodeRandomCrop:
             window = _slice_window(image, box)
         else:
             box = resized_crop_box(*header, self.scale, self.ratio, self.generator)
-            window = _op.decode_jpeg_window(data, box)
+            window = decode_jpeg_window(data, box)
         return (window, box) if self.return_box else window
 
     def __repr__(self) -> str:

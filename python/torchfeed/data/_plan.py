@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from torchfeed.data.seeding import derive_seed
+from torchfeed.data._seeding import derive_seed
 
 __all__ = ["EpochPlan", "Segment", "epoch_order", "split_for_consumer"]
 

@@ -1,6 +1,6 @@
-"""What the two rings share on the Python side: their facts, telling their tensors from others,
-and fencing their memory after copies (the C++ side shares the fence machinery,
-``csrc/memory/fence.h``: host functions queued after the copies)."""
+"""What the two rings share on the Python side (:class:`RingBase`): their facts, telling their
+tensors from others, and fencing their memory after copies (the C++ side shares the fence
+machinery, ``csrc/memory/fence.h``: host functions queued after the copies)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["DEFAULT", "RingFences", "check_timeout", "timeout_arg"]
+__all__ = ["DEFAULT", "RingBase", "check_timeout", "timeout_arg"]
 
 DEFAULT: Any = object()  # a method's timeout when not given: the ring's own
 
@@ -35,8 +35,10 @@ def timeout_arg(timeout: float | None) -> float:
     return -1.0 if timeout is None else timeout
 
 
-class RingFences:
-    """Mixed into :class:`PinnedRing` and :class:`SharedRing` (``self._ring``: their C++ object)."""
+class RingBase:
+    """What both rings have: their facts (capacity, pinned, which tensors are theirs), the
+    timeouts of their waits, and the fences of their memory after copies (``self._ring``: their
+    C++ object)."""
 
     _ring: Any
     timeout: float | None
