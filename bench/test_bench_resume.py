@@ -39,17 +39,25 @@ def open_shard(k: int):
 
 def map_loader() -> torchfeed.ResumableLoader:
     sampler = DistributedSampler(Indices(), num_replicas=4, rank=1, seed=3)
-    return torchfeed.loader(Indices(), sampler=sampler, batch_size=16, num_workers=2,
-                            persistent_workers=True, collate_fn=torchfeed.PadCollate())  # fmt: skip
+    return torchfeed.loader(
+        Indices(),
+        sampler=sampler,
+        batch_size=16,
+        num_workers=2,
+        persistent_workers=True,
+        collate_fn=torchfeed.PadCollate(),
+    )
 
 
 def iterable_loader(monkeypatch) -> torchfeed.ResumableLoader:
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    ds = ShardedIterableDataset(list(range(SHARDS)), open_shard, mode="shard", seed=3,
-                                item_lengths=[4] * SHARDS)  # fmt: skip
-    return torchfeed.loader(ds, batch_size=16, num_workers=2, persistent_workers=True,
-                            collate_fn=torchfeed.PadCollate())  # fmt: skip
+    ds = ShardedIterableDataset(
+        list(range(SHARDS)), open_shard, mode="shard", seed=3, item_lengths=[4] * SHARDS
+    )
+    return torchfeed.loader(
+        ds, batch_size=16, num_workers=2, persistent_workers=True, collate_fn=torchfeed.PadCollate()
+    )
 
 
 def steps(it):

@@ -60,10 +60,17 @@ def course_collate(batch):
 
 
 def course_engine(ds: Dataset, batch_size: int, workers: int, device: torch.device):
-    loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers,
-                        pin_memory=device.type == "cuda", persistent_workers=workers > 0,
-                        worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(42),
-                        collate_fn=course_collate)  # fmt: skip
+    loader = DataLoader(
+        ds,
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0,
+        worker_init_fn=seed_worker,
+        generator=torch.Generator().manual_seed(42),
+        collate_fn=course_collate,
+    )
 
     def epoch():
         for batch in loader:
@@ -74,11 +81,17 @@ def course_engine(ds: Dataset, batch_size: int, workers: int, device: torch.devi
 
 def torchfeed_engine(ds: Dataset, batch_size: int, workers: int, device: torch.device):
     collate = torchfeed.PadCollate({"tokens": 0}, masks={"tokens": "mask"})
-    loader = torchfeed.loader(ds, zero_copy=workers > 0, batch_size=batch_size, shuffle=True,
-                              num_workers=workers, persistent_workers=workers > 0,
-                              worker_init_fn=WorkerSeeder(),
-                              generator=torch.Generator().manual_seed(42),
-                              collate_fn=collate)  # fmt: skip
+    loader = torchfeed.loader(
+        ds,
+        zero_copy=workers > 0,
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        worker_init_fn=WorkerSeeder(),
+        generator=torch.Generator().manual_seed(42),
+        collate_fn=collate,
+    )
     prefetcher = torchfeed.DevicePrefetcher(loader, device)  # made once, iterated per epoch
 
     def epoch():
@@ -104,10 +117,18 @@ def run(name: str, make, ds, args, device) -> list[float]:
 
 def resume_demo(ds: Dataset, args) -> None:
     """Stop after a few steps, save, restart elsewhere: the rest of the epoch, exactly once."""
-    make = lambda: torchfeed.loader(ds, batch_size=args.batch_size, shuffle=True,  # noqa: E731
-                                    num_workers=args.workers, worker_init_fn=WorkerSeeder(),
-                                    generator=torch.Generator().manual_seed(7),
-                                    collate_fn=torchfeed.PadCollate({"tokens": 0}))  # fmt: skip
+
+    def make():
+        return torchfeed.loader(
+            ds,
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=args.workers,
+            worker_init_fn=WorkerSeeder(),
+            generator=torch.Generator().manual_seed(7),
+            collate_fn=torchfeed.PadCollate({"tokens": 0}),
+        )
+
     first = make()
     seen = []
     for step, batch in enumerate(first):
@@ -118,8 +139,10 @@ def resume_demo(ds: Dataset, args) -> None:
     second = make()
     second.load_state_dict(state)
     rest = sum(len(b["label"]) for b in second)
-    print(f"capstone: stopped after {len(seen)} samples, resumed and read the other {rest} "
-          f"(total {len(seen) + rest} of {len(ds)})")  # fmt: skip
+    print(
+        f"capstone: stopped after {len(seen)} samples, resumed and read the other {rest} "
+        f"(total {len(seen) + rest} of {len(ds)})"
+    )
     assert len(seen) + rest == len(ds)
 
 
@@ -129,8 +152,10 @@ def main() -> None:
     args.batch_size, args.workers, args.epochs = 64, 2, 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ds = MultimodalDataset(args.size)
-    print(f"capstone: {args.size} samples, batch {args.batch_size}, {args.workers} workers, "
-          f"on {device}")  # fmt: skip
+    print(
+        f"capstone: {args.size} samples, batch {args.batch_size}, {args.workers} workers, "
+        f"on {device}"
+    )
     theirs = run("course", course_engine, ds, args, device)
     ours = run("torchfeed", torchfeed_engine, ds, args, device)
     print(f"capstone: torchfeed / course, best epoch: {max(ours) / max(theirs):.2f}x")

@@ -66,8 +66,9 @@ def main() -> None:
         paths = write_files(Path(tmp), n, corrupt={1, 3, 7, 8})
         ds = SkipCorrupt(ImageFiles(paths))
         labels = [int(x) for _, y in DataLoader(ds, batch_size=8, num_workers=2) for x in y]
-        print(f"lab 1: {len(labels)} samples read, skipped (logged once each): "
-              f"{ds.skipped_indices}")  # fmt: skip
+        print(
+            f"lab 1: {len(labels)} samples read, skipped (logged once each): {ds.skipped_indices}"
+        )
 
         dead = write_files(Path(tmp), 5, corrupt=set(range(5)))
         try:

@@ -41,8 +41,9 @@ def open_shard(s: int):
 
 
 def torchfeed_stream(shards: list[int]) -> ShardedIterableDataset:
-    return ShardedIterableDataset(shards, open_shard, mode="shard", seed=0,
-                                  item_lengths=[SAMPLES_PER_SHARD] * len(shards))  # fmt: skip
+    return ShardedIterableDataset(
+        shards, open_shard, mode="shard", seed=0, item_lengths=[SAMPLES_PER_SHARD] * len(shards)
+    )
 
 
 def read(make_loader, world: int, steps: int | None = None, state=None):
@@ -72,12 +73,15 @@ def main() -> None:
     total = len(shards) * SAMPLES_PER_SHARD
 
     course, _ = read(lambda: DataLoader(CourseStream(shards), batch_size=4, num_workers=2), 2)
-    print(f"lab 2, the course's stream on 2 ranks: {len(course)} samples read, "
-          f"{len(course) - len(set(course))} of them twice")  # fmt: skip
+    print(
+        f"lab 2, the course's stream on 2 ranks: {len(course)} samples read, "
+        f"{len(course) - len(set(course))} of them twice"
+    )
 
     def ours():
-        return torchfeed.loader(torchfeed_stream(shards), batch_size=4, num_workers=2,
-                                collate_fn=list)  # fmt: skip
+        return torchfeed.loader(
+            torchfeed_stream(shards), batch_size=4, num_workers=2, collate_fn=list
+        )
 
     seen, _ = read(ours, 2)
     print(f"lab 2, torchfeed on 2 ranks: {len(seen)} samples, {len(seen) - len(set(seen))} twice")
@@ -86,8 +90,10 @@ def main() -> None:
     tail, _ = read(ours, 3, state=state)  # back on 3 ranks
     both = head + tail
     once = len(both) == len(set(both)) == total
-    print(f"lab 2, stopped after 3 steps on 2 ranks, resumed on 3: {len(both)} of {total} "
-          f"samples, each exactly once: {once}")  # fmt: skip
+    print(
+        f"lab 2, stopped after 3 steps on 2 ranks, resumed on 3: {len(both)} of {total} "
+        f"samples, each exactly once: {once}"
+    )
 
 
 if __name__ == "__main__":

@@ -39,14 +39,18 @@ def main() -> None:
     collate = torchfeed.PadCollate({"tokens": 0}, masks={"tokens": "mask"})
     ours, theirs = collate(batch), course_collate(batch)
     real = sum(len(s["tokens"]) for s in batch)
-    print(f"lab 3: {real} real tokens; the course's mask keeps {int(theirs['mask'].sum())} "
-          f"(it hides every real 0), torchfeed's keeps {int(ours['mask'].sum())}")  # fmt: skip
+    print(
+        f"lab 3: {real} real tokens; the course's mask keeps {int(theirs['mask'].sum())} "
+        f"(it hides every real 0), torchfeed's keeps {int(ours['mask'].sum())}"
+    )
     assert torch.equal(ours["tokens"], theirs["tokens"])  # the same padding, a correct mask
     repeat = 20 if args.quick else 200
     r_ours = rate(lambda: sum(len(collate(batch)["label"]) for _ in range(repeat)))
     r_theirs = rate(lambda: sum(len(course_collate(batch)["labels"]) for _ in range(repeat)))
-    print(f"lab 3: {r_ours:,.0f} samples/s collated by torchfeed, {r_theirs:,.0f} by the course's "
-          f"collate ({r_ours / r_theirs:.2f}x)")  # fmt: skip
+    print(
+        f"lab 3: {r_ours:,.0f} samples/s collated by torchfeed, {r_theirs:,.0f} by the course's "
+        f"collate ({r_ours / r_theirs:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,13 @@ def ordinary(ds: Dataset, workers: int, gpu: bool) -> DataLoader:
 
 
 def zero_copy(ds: Dataset, workers: int, gpu: bool) -> DataLoader:
-    return torchfeed.loader(ds, zero_copy=True, batch_size=128, num_workers=workers,
-                            collate_fn=torchfeed.ImageCollate(0))  # fmt: skip
+    return torchfeed.loader(
+        ds,
+        zero_copy=True,
+        batch_size=128,
+        num_workers=workers,
+        collate_fn=torchfeed.ImageCollate(0),
+    )
 
 
 def main() -> None:

@@ -34,14 +34,18 @@ def main() -> None:
     ours = RandomResizedCropFlipNormalize(224, mean=MEAN, std=STD, return_params=True)
     _, params = ours(batch)
     distinct = len({tuple(b) for b in params["boxes"].tolist()})
-    print(f"lab 5: v2 on the batch draws 1 crop for 32 images; torchfeed drew {distinct} "
-          f"distinct crops and {int(params['flips'].sum())} flips")  # fmt: skip
+    print(
+        f"lab 5: v2 on the batch draws 1 crop for 32 images; torchfeed drew {distinct} "
+        f"distinct crops and {int(params['flips'].sum())} flips"
+    )
     ours.return_params = False
     repeat = 2 if args.quick else 10
     r_ours = rate(lambda: sum(len(ours(batch)) for _ in range(repeat)))
     r_course = rate(lambda: sum(len(course(batch)) for _ in range(repeat)))
-    print(f"lab 5 ({device}): {r_ours:,.0f} images/s per-image crops with torchfeed, "
-          f"{r_course:,.0f} with v2's one crop per batch ({r_ours / r_course:.2f}x)")  # fmt: skip
+    print(
+        f"lab 5 ({device}): {r_ours:,.0f} images/s per-image crops with torchfeed, "
+        f"{r_course:,.0f} with v2's one crop per batch ({r_ours / r_course:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -63,8 +63,9 @@ def corpus(rng: random.Random) -> list[bytes]:
         g = np.random.default_rng(i)
         pixels = g.integers(0, 256, (h, w, 3), dtype=np.uint8)
         buf = io.BytesIO()
-        Image.fromarray(pixels).convert(mode).save(buf, "JPEG", quality=rng.choice([50, 90]),
-                                                   **options)  # fmt: skip
+        Image.fromarray(pixels).convert(mode).save(
+            buf, "JPEG", quality=rng.choice([50, 90]), **options
+        )
         out.append(buf.getvalue())
     return out
 
@@ -115,16 +116,32 @@ def fuzz_jpeg(data: bytes, rng: random.Random) -> None:
 
 
 def fuzz_crop(rng: random.Random) -> None:
-    images = [torch.randint(0, 256, (3, rng.randint(1, 40), rng.randint(1, 40)), dtype=torch.uint8)
-              for _ in range(rng.randint(1, 3))]  # fmt: skip
+    images = [
+        torch.randint(0, 256, (3, rng.randint(1, 40), rng.randint(1, 40)), dtype=torch.uint8)
+        for _ in range(rng.randint(1, 3))
+    ]
     grid = torch.tensor(
-        [[rng.choice([*map(float, BIG), float("nan"), float("inf"), rng.uniform(-5, 50)])
-          for _ in range(10)] for _ in images], dtype=torch.float64)  # fmt: skip
+        [
+            [
+                rng.choice([*map(float, BIG), float("nan"), float("inf"), rng.uniform(-5, 50)])
+                for _ in range(10)
+            ]
+            for _ in images
+        ],
+        dtype=torch.float64,
+    )
     out = torch.empty(len(images), 3, rng.randint(1, 16), rng.randint(1, 16))
     with contextlib.suppress(RuntimeError, ValueError):
         torch.ops.torchfeed.crop_flip_normalize_list_out(
-            images, grid, torch.zeros(len(images), dtype=torch.bool), rng.randint(0, 1),
-            rng.random() < 0.5, [0.5] * 3, [0.2] * 3, out)  # fmt: skip
+            images,
+            grid,
+            torch.zeros(len(images), dtype=torch.bool),
+            rng.randint(0, 1),
+            rng.random() < 0.5,
+            [0.5] * 3,
+            [0.2] * 3,
+            out,
+        )
 
 
 def fuzz_ring(rng: random.Random, ring) -> None:

@@ -82,10 +82,18 @@ def test_check_refuses_and_deletes_a_statically_linked_library(tmp_path):
     static = _link(tmp_path, "-static-libstdc++", "-static-libgcc")
     assert "libstdc++.so.6" not in _cxx_runtime.needed_libraries(static)
     result = subprocess.run(
-        [sys.executable, str(CHECKER), "check", str(static), "--reference",
-         str(TORCH_LIB / "libc10.so"), "--remove-on-failure"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(CHECKER),
+            "check",
+            str(static),
+            "--reference",
+            str(TORCH_LIB / "libc10.so"),
+            "--remove-on-failure",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 1
     assert "linked the C++ runtime into it statically" in result.stderr
     assert "CXX=" in result.stderr and "SIGSEGV" in result.stderr
@@ -117,10 +125,23 @@ def test_configure_refuses_a_toolchain_that_links_the_runtime_statically(tmp_pat
     else:
         env["CXX"] = str(_static_runtime_compiler(tmp_path))
     result = subprocess.run(
-        [str(cmake), "-S", str(ROOT), "-B", str(tmp_path / "build"), "-G", "Ninja",
-         "-DTORCHFEED_CUDA=OFF", "-DTORCHFEED_JPEG=OFF", f"-DPython_EXECUTABLE={sys.executable}"],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+        [
+            str(cmake),
+            "-S",
+            str(ROOT),
+            "-B",
+            str(tmp_path / "build"),
+            "-G",
+            "Ninja",
+            "-DTORCHFEED_CUDA=OFF",
+            "-DTORCHFEED_JPEG=OFF",
+            f"-DPython_EXECUTABLE={sys.executable}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode != 0
     message = " ".join(result.stderr.split())  # CMake wraps the lines
     assert "does not share torch's C++ runtime" in message

@@ -191,8 +191,12 @@ def test_decode_random_crop_is_resized_crop_box_then_the_window(kind):
     data = encode(picture(90, 70), "PNG") if kind == "png" else JPEGS[kind]()
     full = full_decode(data)
     height, width = full.shape[1:]
-    crop = DecodeRandomCrop(scale=(0.2, 0.9), ratio=(0.5, 2.0), return_box=True,
-                            generator=torch.Generator().manual_seed(4))  # fmt: skip
+    crop = DecodeRandomCrop(
+        scale=(0.2, 0.9),
+        ratio=(0.5, 2.0),
+        return_box=True,
+        generator=torch.Generator().manual_seed(4),
+    )
     g = torch.Generator().manual_seed(4)
     boxes = set()
     for _ in range(20):
@@ -247,8 +251,12 @@ class EncodedFiles(Dataset):
 
 def test_in_dataloader_workers():
     blobs = [encode(picture(64 + 8 * i, 80 - 4 * i, seed=i), quality=85) for i in range(12)]
-    loader = DataLoader(EncodedFiles(blobs), batch_size=None, num_workers=2,
-                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    loader = DataLoader(
+        EncodedFiles(blobs),
+        batch_size=None,
+        num_workers=2,
+        generator=torch.Generator().manual_seed(0),
+    )
     boxes = []
     for window, box, i in loader:
         top, left, h, w = box.tolist()

@@ -67,8 +67,17 @@ BIG = [2**63 - 1, 2**63 - 4, 2**63 - 10, 2**62, 2**31, -(2**63), -1]
 
 
 @needs_window_decoder
-@pytest.mark.parametrize("box", [(0, 2**63 - 4, 8, 8), (2**63 - 10, 0, 20, 8), (0, 0, 2**62, 2**62),
-                                 (-1, 0, 4, 4), (0, 0, 0, 4), (39, 55, 2, 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    "box",
+    [
+        (0, 2**63 - 4, 8, 8),
+        (2**63 - 10, 0, 20, 8),
+        (0, 0, 2**62, 2**62),
+        (-1, 0, 4, 4),
+        (0, 0, 0, 4),
+        (39, 55, 2, 2),
+    ],
+)
 def test_window_boxes_that_overflow_are_refused(box):
     with pytest.raises(ValueError, match="must lie inside the 40 x 56 image|must be >= 1"):
         torch.ops.torchfeed.decode_jpeg_window(as_tensor(jpeg()), *box)
@@ -125,8 +134,9 @@ def test_timeouts_that_are_not_finite_positive_are_refused(timeout):
     with pytest.raises(ValueError, match="timeout must be > 0 seconds and finite, or None"):
         PinnedRing(4096, pinned=False).allocate(10, timeout=timeout)
     with pytest.raises(ValueError, match="ring_timeout must be > 0"):
-        torchfeed.loader(list(range(8)), zero_copy=True, collate_fn=PadCollate(),
-                         ring_timeout=timeout)  # fmt: skip
+        torchfeed.loader(
+            list(range(8)), zero_copy=True, collate_fn=PadCollate(), ring_timeout=timeout
+        )
 
 
 def test_no_timeout_waits_until_space_is_freed():
@@ -241,8 +251,9 @@ def test_pad_propagates_gradients_like_pad_sequence(packed):
             pad_to_multiple_of=8, max_length=5, truncation_side="left", padding_side="left"
         )
     else:
-        out = torchfeed.pad(seqs, pad_to_multiple_of=8, max_length=5, truncation_side="left",
-                            padding_side="left")  # fmt: skip
+        out = torchfeed.pad(
+            seqs, pad_to_multiple_of=8, max_length=5, truncation_side="left", padding_side="left"
+        )
     (out.padded * weights).sum().backward()
     ours = [s.grad.clone() for s in seqs]
     for s in seqs:
@@ -282,8 +293,12 @@ def test_sharding_that_would_silently_read_nothing_is_refused(monkeypatch):
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 40), world=st.integers(1, 4), workers=st.integers(1, 3),
-       uneven=st.sampled_from(["drop", "pad"]))  # fmt: skip
+@given(
+    n=st.integers(1, 40),
+    world=st.integers(1, 4),
+    workers=st.integers(1, 3),
+    uneven=st.sampled_from(["drop", "pad"]),
+)
 def test_random_sharding_configurations(n, world, workers, uneven):
     """Every consumer's share, put together: exactly-once over what is kept, never silently
     empty, equal counts (drop leaves out at most consumers - 1; pad repeats at most that)."""
@@ -422,8 +437,12 @@ def test_the_pixel_limit_can_be_changed_and_names_the_setting():
     with pytest.raises(ValueError, match="max_image_pixels must be a positive integer or None"):
         torchfeed.limits.set_max_image_pixels(-5)
     env = dict(os.environ, TORCHFEED_MAX_IMAGE_PIXELS="none")
-    result = subprocess.run([sys.executable, "-c", "import torchfeed.limits as l; print(l.max_image_pixels())"],
-                            capture_output=True, text=True, env=env)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", "import torchfeed.limits as l; print(l.max_image_pixels())"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert result.stdout.strip() == "None"
 
 
@@ -445,8 +464,12 @@ def test_a_ring_larger_than_the_machine_is_refused_at_once():
 
 def test_zero_copy_over_an_iterable_dataset_says_what_it_needs():
     with pytest.raises(TypeError, match="needs ring_capacity=<bytes>"):
-        torchfeed.loader(ShardedIterableDataset([1, 2], mode="sample"), zero_copy=True,
-                         collate_fn=PadCollate(), num_workers=1)  # fmt: skip
+        torchfeed.loader(
+            ShardedIterableDataset([1, 2], mode="sample"),
+            zero_copy=True,
+            collate_fn=PadCollate(),
+            num_workers=1,
+        )
 
 
 def test_an_empty_image_list_gives_an_empty_batch():

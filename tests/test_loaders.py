@@ -47,8 +47,15 @@ def map_loaders(world, n=61, batch_size=4, workers=1, epoch=1):
     for rank in range(world):
         sampler = DistributedSampler(n, world, rank, seed=7)
         sampler.set_epoch(epoch)
-        out.append(torchfeed.loader(Noisy(n), batch_size=batch_size, sampler=sampler,
-                                    num_workers=workers, collate_fn=collate))  # fmt: skip
+        out.append(
+            torchfeed.loader(
+                Noisy(n),
+                batch_size=batch_size,
+                sampler=sampler,
+                num_workers=workers,
+                collate_fn=collate,
+            )
+        )
     return out
 
 
@@ -109,8 +116,15 @@ def shard(k: int):
 def iterable(mode, workers, world=1, rank=0, epoch=3, **kw):
     items = list(range(40))
     lengths = [3] * len(items) if mode == "shard" else None
-    ds = ShardedIterableDataset(items, shard if mode == "shard" else (lambda k: (k, 0, torch.rand(1).item())),
-                                mode=mode, seed=11, seed_samples=True, item_lengths=lengths, **kw)  # fmt: skip
+    ds = ShardedIterableDataset(
+        items,
+        shard if mode == "shard" else (lambda k: (k, 0, torch.rand(1).item())),
+        mode=mode,
+        seed=11,
+        seed_samples=True,
+        item_lengths=lengths,
+        **kw,
+    )
     ds.set_epoch(epoch)
     return ds, torchfeed.loader(ds, batch_size=3, num_workers=workers, collate_fn=collate)
 
@@ -186,8 +200,13 @@ def test_a_checkpoint_needs_streams_of_known_length():
 
 def test_samples_per_epoch_resumes_on_the_same_world_only(monkeypatch):
     def make(workers):
-        ds = ShardedIterableDataset(list(range(6)), lambda k: [(k, j) for j in range(k + 1)],
-                                    mode="shard", seed=1, samples_per_epoch=7)  # fmt: skip
+        ds = ShardedIterableDataset(
+            list(range(6)),
+            lambda k: [(k, j) for j in range(k + 1)],
+            mode="shard",
+            seed=1,
+            samples_per_epoch=7,
+        )
         return torchfeed.loader(ds, batch_size=2, num_workers=workers, collate_fn=collate)
 
     full = list(make(2))
@@ -217,9 +236,15 @@ class Tokens(Dataset):
 
 def zero_copy_loader():
     sampler = DistributedSampler(40, 1, 0, seed=3)
-    return torchfeed.loader(SkipCorrupt(Tokens()), zero_copy=True, batch_size=4, sampler=sampler,
-                            num_workers=2, collate_fn=torchfeed.PadCollate(["ids"]),
-                            worker_init_fn=WorkerSeeder(rank=0))  # fmt: skip
+    return torchfeed.loader(
+        SkipCorrupt(Tokens()),
+        zero_copy=True,
+        batch_size=4,
+        sampler=sampler,
+        num_workers=2,
+        collate_fn=torchfeed.PadCollate(["ids"]),
+        worker_init_fn=WorkerSeeder(rank=0),
+    )
 
 
 def labels(batches):
@@ -290,8 +315,9 @@ def test_inside_torchdatas_stateful_dataloader(workers):
     def make_map():
         sampler = DistributedSampler(61, 1, 0, seed=7)
         sampler.set_epoch(1)
-        return stateful.StatefulDataLoader(Noisy(61), batch_size=4, sampler=sampler,
-                                           num_workers=workers, collate_fn=collate)  # fmt: skip
+        return stateful.StatefulDataLoader(
+            Noisy(61), batch_size=4, sampler=sampler, num_workers=workers, collate_fn=collate
+        )
 
     for make in (make_iterable, make_map):
         full = list(make())

@@ -21,10 +21,23 @@ pytestmark = pytest.mark.slow
 def torchrun(tmp: Path, ranks: int, kind: str, tag: str, *args: str, ok: bool = True) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc_per_node={ranks}", str(SCRIPT), str(tmp), kind, tag, *args],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={ranks}",
+            str(SCRIPT),
+            str(tmp),
+            kind,
+            tag,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     if ok:
         assert result.returncode == 0, result.stderr[-4000:]
     else:
@@ -54,8 +67,9 @@ def test_stop_and_resume_on_the_same_world_is_the_uninterrupted_run(tmp_path, ki
         assert [row[1:] for row in head[r] + tail[r]] == [row[1:] for row in full[r]]
 
 
-@pytest.mark.parametrize(("kind", "before", "after"),
-                         [("iterable", 2, 3), ("iterable", 3, 2), ("map", 2, 3)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "before", "after"), [("iterable", 2, 3), ("iterable", 3, 2), ("map", 2, 3)]
+)
 def test_elastic_resume_reads_every_remaining_sample_exactly_once(tmp_path, kind, before, after):
     torchrun(tmp_path, before, kind, "head", "--every", "4", "--stop", "4")
     torchrun(tmp_path, after, kind, "tail", "--resume", str(tmp_path / "ckpt-head-rank0.pt"))

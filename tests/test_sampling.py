@@ -56,8 +56,9 @@ def test_sampler_boxes_fit_and_reproduce():
 @pytest.mark.parametrize("size", [(10, 1000), (1000, 12), (50, 50)])
 def test_sampler_fallback_is_torchvisions_center_crop(size):
     # scale (0.99, 1) with ratio (1, 1) only fits square images: others take the fallback
-    ours = sample_resized_crop_params([size], scale=(0.99, 1.0), ratio=(1.0, 1.0),
-                                      generator=torch.Generator().manual_seed(0))  # fmt: skip
+    ours = sample_resized_crop_params(
+        [size], scale=(0.99, 1.0), ratio=(1.0, 1.0), generator=torch.Generator().manual_seed(0)
+    )
     rrc = v2.RandomResizedCrop(8, scale=(0.99, 1.0), ratio=(1.0, 1.0))
     theirs = rrc.make_params([torch.empty(3, *size)])
     if size[0] != size[1]:

@@ -25,12 +25,13 @@ from image_cases import MEAN, STD, boxes_cases, images_of, tv_float
 def test_transform_draws_per_image_and_matches_functional():
     sizes = [(300, 400), (480, 333), (224, 224), (120, 150)]
     images = images_of(sizes, seed=12)
-    t = RandomResizedCropFlipNormalize(64, mean=MEAN, std=STD,
-                                       generator=torch.Generator().manual_seed(5),
-                                       return_params=True)  # fmt: skip
+    t = RandomResizedCropFlipNormalize(
+        64, mean=MEAN, std=STD, generator=torch.Generator().manual_seed(5), return_params=True
+    )
     out, params = t(images)
-    ref = tv_float(images, params["boxes"].tolist(), params["flips"].tolist(), (64, 64),
-                   "bilinear", True)  # fmt: skip
+    ref = tv_float(
+        images, params["boxes"].tolist(), params["flips"].tolist(), (64, 64), "bilinear", True
+    )
     assert (out - ref).abs().max().item() <= 1e-4
     assert len({tuple(b) for b in params["boxes"].tolist()}) == 4  # one draw per image
 
@@ -45,8 +46,9 @@ def test_transform_same_generator_same_output():
 
 def test_transform_on_dense_batch_and_tv_image():
     dense = torch.stack(images_of([(60, 80)] * 5))
-    t = RandomResizedCropFlipNormalize(24, mean=MEAN, std=STD, dtype=torch.bfloat16,
-                                       channels_last=True)  # fmt: skip
+    t = RandomResizedCropFlipNormalize(
+        24, mean=MEAN, std=STD, dtype=torch.bfloat16, channels_last=True
+    )
     out = t(tv_tensors.Image(dense))
     assert isinstance(out, tv_tensors.Image) and out.shape == (5, 3, 24, 24)
     assert out.dtype == torch.bfloat16 and out.is_contiguous(memory_format=torch.channels_last)
@@ -55,8 +57,13 @@ def test_transform_on_dense_batch_and_tv_image():
 
 
 def test_transform_in_compose_and_pickled():
-    t = v2.Compose([RandomResizedCropFlipNormalize(16, mean=MEAN, std=STD,
-                                                   generator=torch.Generator().manual_seed(2))])  # fmt: skip
+    t = v2.Compose(
+        [
+            RandomResizedCropFlipNormalize(
+                16, mean=MEAN, std=STD, generator=torch.Generator().manual_seed(2)
+            )
+        ]
+    )
     images = images_of([(40, 40), (50, 30)])
     first = t(images)
     clone = pickle.loads(pickle.dumps(t))
@@ -70,20 +77,33 @@ def test_boxes_and_masks_follow_their_image():
     images = images_of(sizes, seed=13)
     targets = []
     for h, w in sizes:
-        boxes = tv_tensors.BoundingBoxes([[5, 6, 40, 50], [0, 0, w, h]], format="XYXY",
-                                         canvas_size=(h, w))  # fmt: skip
+        boxes = tv_tensors.BoundingBoxes(
+            [[5, 6, 40, 50], [0, 0, w, h]], format="XYXY", canvas_size=(h, w)
+        )
         mask = tv_tensors.Mask(torch.randint(0, 2, (1, h, w), dtype=torch.uint8))
         targets.append({"boxes": boxes, "masks": mask, "label": 3})
-    t = RandomResizedCropFlipNormalize(32, mean=MEAN, std=STD, p_flip=0.5,
-                                       generator=torch.Generator().manual_seed(1),
-                                       return_params=True)  # fmt: skip
+    t = RandomResizedCropFlipNormalize(
+        32,
+        mean=MEAN,
+        std=STD,
+        p_flip=0.5,
+        generator=torch.Generator().manual_seed(1),
+        return_params=True,
+    )
     (out, new_targets), params = t((images, targets))
     assert out.shape == (2, 3, 32, 32)
     for b, target in enumerate(targets):
         top, left, height, width = params["boxes"][b].tolist()
         want_boxes = TF.resized_crop(target["boxes"], top, left, height, width, [32, 32])
-        want_mask = TF.resized_crop(target["masks"], top, left, height, width, [32, 32],
-                                    interpolation=v2.InterpolationMode.NEAREST)  # fmt: skip
+        want_mask = TF.resized_crop(
+            target["masks"],
+            top,
+            left,
+            height,
+            width,
+            [32, 32],
+            interpolation=v2.InterpolationMode.NEAREST,
+        )
         if bool(params["flips"][b]):
             want_boxes, want_mask = TF.horizontal_flip(want_boxes), TF.horizontal_flip(want_mask)
         got = new_targets[b]
@@ -113,8 +133,14 @@ def test_resize_flip_normalize_is_the_crop_transform_on_whole_images(isa):
     sizes, boxes = boxes_cases()
     images = images_of(sizes, seed=21)
     crops = [i[:, y : y + h, x : x + w] for i, (y, x, h, w) in zip(images, boxes, strict=True)]
-    t = ResizeRandomFlipNormalize((40, 36), p_flip=0.5, mean=MEAN, std=STD, return_params=True,
-                            generator=torch.Generator().manual_seed(1))  # fmt: skip
+    t = ResizeRandomFlipNormalize(
+        (40, 36),
+        p_flip=0.5,
+        mean=MEAN,
+        std=STD,
+        return_params=True,
+        generator=torch.Generator().manual_seed(1),
+    )
     out, params = t(crops)
     flips = params["flips"]
     assert set(params) == {"flips"} and 0 < int(flips.sum()) < len(crops)
@@ -127,10 +153,13 @@ def test_resize_flip_normalize_is_the_crop_transform_on_whole_images(isa):
 
 def test_resize_flip_normalize_targets_and_options():
     images = images_of([(60, 80), (90, 70)], seed=22)
-    masks = [tv_tensors.Mask(torch.randint(0, 2, (1, h, w), dtype=torch.uint8))
-             for h, w in [(60, 80), (90, 70)]]  # fmt: skip
-    t = ResizeRandomFlipNormalize(32, p_flip=1.0, mean=MEAN, std=STD, dtype=torch.bfloat16,
-                            channels_last=True)  # fmt: skip
+    masks = [
+        tv_tensors.Mask(torch.randint(0, 2, (1, h, w), dtype=torch.uint8))
+        for h, w in [(60, 80), (90, 70)]
+    ]
+    t = ResizeRandomFlipNormalize(
+        32, p_flip=1.0, mean=MEAN, std=STD, dtype=torch.bfloat16, channels_last=True
+    )
     out, targets = t((images, masks))
     assert out.shape == (2, 3, 32, 32) and out.dtype == torch.bfloat16
     assert out.is_contiguous(memory_format=torch.channels_last)

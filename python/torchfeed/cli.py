@@ -170,7 +170,7 @@ RESULT_COLUMNS = [
 ]
 
 
-def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def _cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import warnings
 
     import torch
@@ -267,7 +267,7 @@ def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
+def _cmd_doctor(args: argparse.Namespace) -> int:
     from torchfeed._doctor import report
 
     print(report(args.workers, args.batch_mb, args.prefetch_factor))
@@ -278,9 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     if args.command == "bench":
-        return cmd_bench(parser, args)
+        return _cmd_bench(parser, args)
     if args.command == "doctor":
-        return cmd_doctor(args)
+        return _cmd_doctor(args)
     raise AssertionError(args.command)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import Dataset, IterableDataset
 
 from torchfeed._resumable import ResumableLoader
 from torchfeed._tree import tensors_of
@@ -130,7 +130,7 @@ class _Unpacking:
         return len(self._it)  # type: ignore[arg-type]
 
 
-def loader(dataset, *, zero_copy: bool = False, **kwargs: Any) -> ResumableLoader:
+def loader(dataset: Dataset, *, zero_copy: bool = False, **kwargs: Any) -> ResumableLoader:
     """A DataLoader with mid-epoch checkpoints (:class:`ResumableLoader`: ``state_dict()`` /
     ``load_state_dict()``); with ``zero_copy=True`` its workers collate straight into a shared,
     page-locked ring (:class:`ZeroCopyLoader`)."""

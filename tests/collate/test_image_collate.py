@@ -24,15 +24,18 @@ class ImageDataset(Dataset):
     def __getitem__(self, i):
         g = torch.Generator().manual_seed(i)
         h, w = (int(v) for v in torch.randint(5, 40, (2,), generator=g))
-        return {"image": torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8),
-                "label": i}  # fmt: skip
+        return {
+            "image": torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8),
+            "label": i,
+        }
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_image_collate_in_dataloader(workers):
     ds = ImageDataset()
-    loader = DataLoader(ds, batch_size=5, num_workers=workers,
-                        collate_fn=ImageCollate("image", layout="HWC"))  # fmt: skip
+    loader = DataLoader(
+        ds, batch_size=5, num_workers=workers, collate_fn=ImageCollate("image", layout="HWC")
+    )
     seen = 0
     for batch in loader:
         assert list(batch) == ["image", "label"]

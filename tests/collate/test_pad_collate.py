@@ -10,7 +10,6 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-import torchfeed
 from torchfeed import PadCollate, Padded, RaggedBatch
 
 
@@ -38,9 +37,17 @@ def test_dicts_mixed_fields():
     )
     out = collate(batch)
     assert set(out) == {
-        "input_ids", "attention_mask", "input_ids_lengths", "labels", "image", "label",
-        "weight", "flag", "text", "meta",
-    }  # fmt: skip
+        "input_ids",
+        "attention_mask",
+        "input_ids_lengths",
+        "labels",
+        "image",
+        "label",
+        "weight",
+        "flag",
+        "text",
+        "meta",
+    }
     ids = [s["input_ids"] for s in batch]
     assert torch.equal(out["input_ids"], pad_sequence(ids, batch_first=True, padding_value=0))
     assert torch.equal(
@@ -219,7 +226,3 @@ def test_bad_configuration(kwargs, error, match):
 def test_bad_batches(collate, batch, error, match):
     with pytest.raises(error, match=match):
         collate(batch)
-
-
-def test_exported():
-    assert torchfeed.PadCollate is PadCollate

@@ -48,8 +48,10 @@ class Metadata(Dataset):
 
 @pytest.mark.slow
 def test_serialized_list_keeps_forked_workers_small():
-    items = [{"path": f"/data/train/class_{i % 1000}/img_{i:08d}.jpg", "label": i % 1000}
-             for i in range(300_000)]  # fmt: skip
+    items = [
+        {"path": f"/data/train/class_{i % 1000}/img_{i:08d}.jpg", "label": i % 1000}
+        for i in range(300_000)
+    ]
     plain = Metadata(items)
     packed = Metadata(SerializedList(items))
 

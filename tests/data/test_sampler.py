@@ -19,8 +19,9 @@ def test_the_sampler_draws_what_torchs_draws(drop_last, shuffle):
     for world in (1, 2, 3):
         for rank in range(world):
             ours = DistributedSampler(range(23), world, rank, shuffle, 5, drop_last)
-            theirs = torch.utils.data.DistributedSampler(range(23), world, rank, shuffle, 5,
-                                                         drop_last)  # fmt: skip
+            theirs = torch.utils.data.DistributedSampler(
+                range(23), world, rank, shuffle, 5, drop_last
+            )
             for epoch in (0, 3):
                 ours.set_epoch(epoch)
                 theirs.set_epoch(epoch)

@@ -23,19 +23,29 @@ class Draws(Dataset):
 
     def __getitem__(self, i):
         info = torch.utils.data.get_worker_info()
-        return {"worker": info.id, "torch": torch.rand(()).item(),
-                "numpy": float(np.random.rand()), "random": random.random()}  # fmt: skip
+        return {
+            "worker": info.id,
+            "torch": torch.rand(()).item(),
+            "numpy": float(np.random.rand()),
+            "random": random.random(),
+        }
 
 
 def draws(rank: int | None, context: str = "fork", seed: int = 0):
     torch.manual_seed(seed)
     init = WorkerSeeder(rank=rank) if rank is not None else None
-    loader = DataLoader(Draws(), batch_size=2, num_workers=2, worker_init_fn=init,
-                        multiprocessing_context=context)  # fmt: skip
+    loader = DataLoader(
+        Draws(), batch_size=2, num_workers=2, worker_init_fn=init, multiprocessing_context=context
+    )
     out = {}
     for b in loader:
-        for w, t, n, r in zip(b["worker"].tolist(), b["torch"].tolist(), b["numpy"].tolist(),
-                              b["random"].tolist(), strict=True):  # fmt: skip
+        for w, t, n, r in zip(
+            b["worker"].tolist(),
+            b["torch"].tolist(),
+            b["numpy"].tolist(),
+            b["random"].tolist(),
+            strict=True,
+        ):
             out.setdefault(w, []).append((t, n, r))
     return out
 

@@ -126,10 +126,21 @@ def test_torchrun_two_ranks_two_workers(tmp_path, uneven):
     result = subprocess.run(
         # --standalone: the rendezvous binds a free port itself (no race with tests running in
         # parallel, as a port picked here and released would be)
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(script), str(out), uneven],
-        capture_output=True, text=True, timeout=180, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            str(out),
+            uneven,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     verdict = json.loads(out.read_text())
     assert verdict["ok"], verdict["problems"]

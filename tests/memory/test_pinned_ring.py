@@ -287,8 +287,10 @@ def _rss_kib() -> int:
 
 def test_rss_flat_over_10000_cycles():
     ring = PinnedRing(8 << 20, pinned=False)
-    batch = {"images": torch.randint(0, 255, (8, 3, 64, 64), dtype=torch.uint8),
-             "labels": torch.arange(8)}  # fmt: skip
+    batch = {
+        "images": torch.randint(0, 255, (8, 3, 64, 64), dtype=torch.uint8),
+        "labels": torch.arange(8),
+    }
     for _ in range(200):  # warm up: the arena's pages and the allocator's caches
         ring.stage(batch)
     before = _rss_kib()
@@ -360,8 +362,9 @@ def test_stage_and_copy_moves_every_field_in_chunks(chunk):
     offsets, total = field_layout(fields)
     block = ring.allocate(total)
     target = torch.zeros(total, dtype=torch.uint8)
-    chunks = ring._ring.stage_and_copy(fields, [offsets[id(f)] for f in fields], block, target,
-                                        0, chunk)  # fmt: skip
+    chunks = ring._ring.stage_and_copy(
+        fields, [offsets[id(f)] for f in fields], block, target, 0, chunk
+    )
     assert chunks == -(-total // chunk)
     for f in fields:
         got = target[offsets[id(f)] : offsets[id(f)] + f.nbytes].view(f.dtype).view(f.shape)
@@ -372,8 +375,9 @@ def test_stage_and_copy_refuses_what_does_not_fit():
     ring = PinnedRing(1 << 16, pinned=False)
     block = ring.allocate(128)
     with pytest.raises(ValueError, match=r"sources\[0\] .* does not fit the block of 128 bytes"):
-        ring._ring.stage_and_copy([torch.zeros(40)], [0], block, torch.zeros(128, dtype=torch.uint8),
-                                  0, 64)  # fmt: skip
+        ring._ring.stage_and_copy(
+            [torch.zeros(40)], [0], block, torch.zeros(128, dtype=torch.uint8), 0, 64
+        )
     with pytest.raises(ValueError, match="target must be a contiguous uint8 tensor of 128 bytes"):
         ring._ring.stage_and_copy([], [], block, torch.zeros(100, dtype=torch.uint8), 0, 64)
     with pytest.raises(ValueError, match="chunk_bytes must be >= 1"):

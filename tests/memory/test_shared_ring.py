@@ -39,8 +39,13 @@ class Texts(Dataset):
     def __getitem__(self, i):
         g = torch.Generator().manual_seed(i)
         n = int(torch.randint(1, 30, (), generator=g))
-        return {"ids": torch.randint(0, 100, (n,), generator=g), "label": i, "w": i / 2,
-                "name": f"s{i}", "feat": torch.ones(3) * i}  # fmt: skip
+        return {
+            "ids": torch.randint(0, 100, (n,), generator=g),
+            "label": i,
+            "w": i / 2,
+            "name": f"s{i}",
+            "feat": torch.ones(3) * i,
+        }
 
 
 def same(a, b) -> bool:
@@ -93,8 +98,14 @@ def test_text_batches_identical_over_epochs_with_persistent_workers(packed, cont
 
 
 def test_regions_are_released_and_reused():
-    dl = loader(Images(200), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"),
-                batch_size=4, num_workers=2, ring_capacity=64 * 1024)  # fmt: skip
+    dl = loader(
+        Images(200),
+        zero_copy=True,
+        collate_fn=ImageCollate(0, layout="HWC"),
+        batch_size=4,
+        num_workers=2,
+        ring_capacity=64 * 1024,
+    )
     for batch in dl:  # each batch dropped before the next: 50 batches through a small ring
         assert batch[0].data.numel() > 0
     del batch
@@ -149,8 +160,13 @@ class Killer(Dataset):
 
 def test_worker_killed_mid_epoch_does_not_leak():
     flag = torch.zeros(1, dtype=torch.int64).share_memory_()
-    dl = loader(Killer(flag), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"),
-                batch_size=3, num_workers=2)  # fmt: skip
+    dl = loader(
+        Killer(flag),
+        zero_copy=True,
+        collate_fn=ImageCollate(0, layout="HWC"),
+        batch_size=3,
+        num_workers=2,
+    )
     with pytest.raises(
         RuntimeError, match="DataLoader worker .* exited unexpectedly|killed by signal"
     ):
@@ -163,8 +179,15 @@ def test_worker_killed_mid_epoch_does_not_leak():
 
 
 def test_timeout_when_the_consumer_never_releases():
-    dl = loader(Images(64), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"),
-                batch_size=4, num_workers=1, ring_capacity=32 * 1024, ring_timeout=1.0)  # fmt: skip
+    dl = loader(
+        Images(64),
+        zero_copy=True,
+        collate_fn=ImageCollate(0, layout="HWC"),
+        batch_size=4,
+        num_workers=1,
+        ring_capacity=32 * 1024,
+        ring_timeout=1.0,
+    )
     held = []
     with pytest.raises(
         TimeoutError, match="SharedRing.acquire: timed out after 1.0+ s waiting for space"
@@ -176,8 +199,14 @@ def test_timeout_when_the_consumer_never_releases():
 
 @pytest.mark.filterwarnings("ignore:SharedRing")
 def test_oversize_batches_fall_back():
-    ours, dl = batches(Images(20), ImageCollate(0, layout="HWC"), True, batch_size=10,
-                       num_workers=2, ring_capacity=512)  # fmt: skip
+    ours, dl = batches(
+        Images(20),
+        ImageCollate(0, layout="HWC"),
+        True,
+        batch_size=10,
+        num_workers=2,
+        ring_capacity=512,
+    )
     plain, _ = batches(Images(20), ImageCollate(0, layout="HWC"), False, batch_size=10)
     assert same(ours, plain)
     assert dl.shared_ring.stats()["allocations"] == 0  # every batch took the ordinary path
@@ -185,8 +214,13 @@ def test_oversize_batches_fall_back():
 
 def test_no_shared_memory_files_left(tmp_path):
     before = set(os.listdir("/dev/shm"))
-    dl = loader(Images(), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"),
-                batch_size=5, num_workers=2)  # fmt: skip
+    dl = loader(
+        Images(),
+        zero_copy=True,
+        collate_fn=ImageCollate(0, layout="HWC"),
+        batch_size=5,
+        num_workers=2,
+    )
     for _ in dl:
         break
     with pytest.raises(ZeroDivisionError):
@@ -207,8 +241,13 @@ def test_bad_arguments():
 
 @pytest.mark.cuda
 def test_cuda_registered_memory_is_pinned_and_copies():
-    dl = loader(Images(), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"), batch_size=5,
-                num_workers=2)  # fmt: skip
+    dl = loader(
+        Images(),
+        zero_copy=True,
+        collate_fn=ImageCollate(0, layout="HWC"),
+        batch_size=5,
+        num_workers=2,
+    )
     plain = list(loader(Images(), collate_fn=ImageCollate(0, layout="HWC"), batch_size=5))
     got = []
     for batch in torchfeed.DevicePrefetcher(dl, "cuda"):
@@ -224,8 +263,9 @@ def test_cuda_registered_memory_is_pinned_and_copies():
 def test_transform_in_workers_writes_into_the_ring(channels_last):
     from torchfeed.transforms import ResizeCenterCropNormalize
 
-    t = ResizeCenterCropNormalize(24, 16, mean=[0.5] * 3, std=[0.25] * 3, image_layout="HWC",
-                                  channels_last=channels_last)  # fmt: skip
+    t = ResizeCenterCropNormalize(
+        24, 16, mean=[0.5] * 3, std=[0.25] * 3, image_layout="HWC", channels_last=channels_last
+    )
     kw = dict(batch_size=5, num_workers=2)
     ours, dl = batches(Images(), ImageCollate(0, layout="HWC", transform=t), True, **kw)
     plain, _ = batches(Images(), ImageCollate(0, layout="HWC", transform=t), False, **kw)

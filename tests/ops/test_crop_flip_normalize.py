@@ -27,8 +27,16 @@ def test_matches_torchvision_float_path(isa, interpolation, antialias, size):
     sizes, boxes = boxes_cases()
     images = images_of(sizes)
     flips = [False, True, True, False, True, False]
-    out = torchfeed.crop_flip_normalize(images, boxes, flips, size, mean=MEAN, std=STD,
-                                        interpolation=interpolation, antialias=antialias)  # fmt: skip
+    out = torchfeed.crop_flip_normalize(
+        images,
+        boxes,
+        flips,
+        size,
+        mean=MEAN,
+        std=STD,
+        interpolation=interpolation,
+        antialias=antialias,
+    )
     ref = tv_float(images, boxes, flips, size, interpolation, antialias)
     assert out.dtype == torch.float32 and out.shape == ref.shape
     assert (out - ref).abs().max().item() <= 1e-4
@@ -43,12 +51,27 @@ def test_within_one_level_of_torchvision_uint8_path(interpolation, antialias):
     g = torch.Generator().manual_seed(4)
     boxes = sample_resized_crop_params(sizes, generator=g)
     flips = sample_flips(len(sizes), generator=g)
-    out = torchfeed.crop_flip_normalize(images, boxes, flips, 224, mean=MEAN, std=STD,
-                                        interpolation=interpolation, antialias=antialias)  # fmt: skip
+    out = torchfeed.crop_flip_normalize(
+        images,
+        boxes,
+        flips,
+        224,
+        mean=MEAN,
+        std=STD,
+        interpolation=interpolation,
+        antialias=antialias,
+    )
     ref = reference.crop_flip_normalize_torchvision(
-        images, boxes.tolist(), flips.tolist(), (224, 224), MEAN, STD, interpolation, antialias,
+        images,
+        boxes.tolist(),
+        flips.tolist(),
+        (224, 224),
+        MEAN,
+        STD,
+        interpolation,
+        antialias,
         float_path=False,
-    )  # fmt: skip
+    )
     bound = torch.tensor([1.01 / 255 / s + 1e-4 for s in STD]).view(1, 3, 1, 1)
     assert bool(((out - ref).abs() <= bound).all())
 
@@ -60,8 +83,16 @@ def test_float_boxes_match_float64_reference(isa, interpolation, antialias):
     boxes = [(3.25, 7.5, 40.5, 60.1), (0.0, 0.4, 39.9, 30.6), (1.7, 0.0, 10.3, 200.0)]
     flips = [True, False, True]
     size = (29, 47)
-    out = torchfeed.crop_flip_normalize(images, boxes, flips, size, mean=MEAN, std=STD,
-                                        interpolation=interpolation, antialias=antialias)  # fmt: skip
+    out = torchfeed.crop_flip_normalize(
+        images,
+        boxes,
+        flips,
+        size,
+        mean=MEAN,
+        std=STD,
+        interpolation=interpolation,
+        antialias=antialias,
+    )
     for b in range(3):
         ref = reference.crop_flip_normalize_float64(
             images[b], boxes[b], flips[b], size, MEAN, STD, interpolation, antialias
@@ -90,8 +121,16 @@ def test_layouts_and_memory_formats(isa, layout, channels_last, channels):
     mean, std = [0.5] * channels, [0.25] * channels
     dense = torch.stack(images)
     inputs = dense if layout == "CHW" else dense.permute(0, 2, 3, 1).contiguous()
-    out = torchfeed.crop_flip_normalize(inputs, boxes, flips, (33, 35), mean=mean, std=std,
-                                        channels_last=channels_last, image_layout=layout)  # fmt: skip
+    out = torchfeed.crop_flip_normalize(
+        inputs,
+        boxes,
+        flips,
+        (33, 35),
+        mean=mean,
+        std=std,
+        channels_last=channels_last,
+        image_layout=layout,
+    )
     assert out.is_contiguous(
         memory_format=torch.channels_last if channels_last else torch.contiguous_format
     )
@@ -148,8 +187,9 @@ def test_non_contiguous_inputs():
     views = [im[:, ::2, 1::3] for im in base]  # strided views, no copy
     boxes = [(0, 0, 40, 30), (3, 4, 20, 20), (39, 29, 1, 1)]
     out = torchfeed.crop_flip_normalize(views, boxes, [True, False, True], 16, mean=MEAN, std=STD)
-    ref = tv_float([v.contiguous() for v in views], boxes, [True, False, True], (16, 16),
-                   "bilinear", True)  # fmt: skip
+    ref = tv_float(
+        [v.contiguous() for v in views], boxes, [True, False, True], (16, 16), "bilinear", True
+    )
     assert (out - ref).abs().max().item() <= 1e-4
 
 
@@ -170,8 +210,9 @@ def test_batch_of_one_and_of_zero():
     images = images_of([(30, 40)])
     out = torchfeed.crop_flip_normalize(images, [(0, 0, 30, 40)], [True], 8, mean=MEAN, std=STD)
     assert out.shape == (1, 3, 8, 8)
-    empty = torchfeed.crop_flip_normalize(torch.empty(0, 3, 30, 40, dtype=torch.uint8),
-                                          torch.empty(0, 4), None, 8, mean=MEAN, std=STD)  # fmt: skip
+    empty = torchfeed.crop_flip_normalize(
+        torch.empty(0, 3, 30, 40, dtype=torch.uint8), torch.empty(0, 4), None, 8, mean=MEAN, std=STD
+    )
     assert empty.shape == (0, 3, 8, 8)
 
 
@@ -181,8 +222,9 @@ def test_out_argument_is_written_and_returned():
     out = torch.full((6, 3, 17, 19), float("nan"))
     got = torchfeed.crop_flip_normalize(images, boxes, None, (17, 19), mean=MEAN, std=STD, out=out)
     assert got is out and not bool(out.isnan().any())
-    assert torch.equal(out, torchfeed.crop_flip_normalize(images, boxes, None, (17, 19),
-                                                          mean=MEAN, std=STD))  # fmt: skip
+    assert torch.equal(
+        out, torchfeed.crop_flip_normalize(images, boxes, None, (17, 19), mean=MEAN, std=STD)
+    )
 
 
 def test_inputs_not_modified():
@@ -202,8 +244,9 @@ def test_every_output_element_written():
     for channels_last in (False, True):
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         out = torch.full((6, 3, 13, 222), float("nan")).contiguous(memory_format=fmt)
-        torchfeed.crop_flip_normalize(images, boxes, [True] * 6, (13, 222), mean=MEAN, std=STD,
-                                      out=out)  # fmt: skip
+        torchfeed.crop_flip_normalize(
+            images, boxes, [True] * 6, (13, 222), mean=MEAN, std=STD, out=out
+        )
         assert not bool(out.isnan().any())
 
 
@@ -213,14 +256,16 @@ def test_cuda_thread_bodies_match_cpu_kernel(interpolation, antialias):
     images = images_of(sizes)
     images[1] = images[1].permute(1, 2, 0).contiguous().permute(2, 0, 1)  # an HWC image
     flips = torch.tensor([True, False, True, True, False, True])
-    grid = grid_from_boxes(torch.tensor(boxes, dtype=torch.float64), [i.shape[1:] for i in images],
-                           (23, 45))  # fmt: skip
+    grid = grid_from_boxes(
+        torch.tensor(boxes, dtype=torch.float64), [i.shape[1:] for i in images], (23, 45)
+    )
     mode = 0 if interpolation == "nearest" else 1
     for fmt in (torch.contiguous_format, torch.channels_last):
         a = torch.empty(6, 3, 23, 45).contiguous(memory_format=fmt)
         b = torch.full((6, 3, 23, 45), float("nan")).contiguous(memory_format=fmt)
-        torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid, flips, mode, antialias,
-                                                         MEAN, STD, a)  # fmt: skip
+        torch.ops.torchfeed.crop_flip_normalize_list_out(
+            images, grid, flips, mode, antialias, MEAN, STD, a
+        )
         torch.ops.torchfeed_testing.emulate_cuda_crop_flip_normalize_list_out(
             images, grid, flips, mode, antialias, MEAN, STD, b
         )
@@ -234,13 +279,17 @@ def test_cuda_thread_bodies_match_cpu_kernel(interpolation, antialias):
 def test_resize_center_crop_matches_torchvision(interpolation, antialias, resize, crop):
     sizes = [(375, 500), (500, 333), (64, 64), (201, 99)]
     images = images_of(sizes, seed=11)
-    out = torchfeed.resize_center_crop_normalize(images, resize, crop, mean=MEAN, std=STD,
-                                                 interpolation=interpolation,
-                                                 antialias=antialias)  # fmt: skip
+    out = torchfeed.resize_center_crop_normalize(
+        images, resize, crop, mean=MEAN, std=STD, interpolation=interpolation, antialias=antialias
+    )
     mode = v2.InterpolationMode(interpolation)
     for b, image in enumerate(images):
-        x = TF.resize(image.float(), resize if isinstance(resize, list) else [resize],
-                      interpolation=mode, antialias=antialias)  # fmt: skip
+        x = TF.resize(
+            image.float(),
+            resize if isinstance(resize, list) else [resize],
+            interpolation=mode,
+            antialias=antialias,
+        )
         x = TF.center_crop(x, list(crop) if isinstance(crop, tuple) else [crop])
         ref = TF.normalize(x / 255.0, MEAN, STD)
         assert (out[b] - ref).abs().max().item() <= 1e-4, b
@@ -262,8 +311,9 @@ def op_samples():
     grid = grid_from_boxes(torch.tensor(boxes, dtype=torch.float64), sizes, (9, 11))
     flips = torch.tensor([True, False] * 3)
     dense = torch.stack(images_of([(20, 30)] * 2))
-    dgrid = grid_from_boxes(torch.tensor([[0, 0, 20, 30], [3, 3, 5, 7]], dtype=torch.float64),
-                            [(20, 30)] * 2, (9, 11))  # fmt: skip
+    dgrid = grid_from_boxes(
+        torch.tensor([[0, 0, 20, 30], [3, 3, 5, 7]], dtype=torch.float64), [(20, 30)] * 2, (9, 11)
+    )
     return images, grid, flips, dense, dgrid
 
 
@@ -271,11 +321,15 @@ def op_samples():
 def test_opcheck(interpolation, antialias):
     images, grid, flips, dense, dgrid = op_samples()
     out = torch.empty(6, 3, 9, 11)
-    torch.library.opcheck(torch.ops.torchfeed.crop_flip_normalize_list_out.default,
-                          (images, grid, flips, interpolation, antialias, MEAN, STD, out))  # fmt: skip
+    torch.library.opcheck(
+        torch.ops.torchfeed.crop_flip_normalize_list_out.default,
+        (images, grid, flips, interpolation, antialias, MEAN, STD, out),
+    )
     out2 = torch.empty(2, 3, 9, 11, dtype=torch.float16)
-    torch.library.opcheck(torch.ops.torchfeed.crop_flip_normalize_out.default,
-                          (dense, dgrid, flips[:2], interpolation, antialias, MEAN, STD, out2))  # fmt: skip
+    torch.library.opcheck(
+        torch.ops.torchfeed.crop_flip_normalize_out.default,
+        (dense, dgrid, flips[:2], interpolation, antialias, MEAN, STD, out2),
+    )
 
 
 def test_torch_compile_fullgraph():
@@ -381,17 +435,28 @@ def test_cuda_matches_cpu(interpolation, antialias, dtype, channels_last):
     images = images_of(sizes)
     images[2] = images[2].permute(1, 2, 0).contiguous().permute(2, 0, 1)
     flips = [True, False, True, True, False, True]
-    kw = dict(mean=MEAN, std=STD, interpolation=interpolation, antialias=antialias, dtype=dtype,
-              channels_last=channels_last)  # fmt: skip
+    kw = dict(
+        mean=MEAN,
+        std=STD,
+        interpolation=interpolation,
+        antialias=antialias,
+        dtype=dtype,
+        channels_last=channels_last,
+    )
     cpu = torchfeed.crop_flip_normalize(images, boxes, flips, (29, 37), **kw)
     gpu_images = [i.cuda() for i in images]
-    gpu = torchfeed.crop_flip_normalize(gpu_images, torch.tensor(boxes).cuda(),
-                                        torch.tensor(flips).cuda(), (29, 37), **kw)  # fmt: skip
+    gpu = torchfeed.crop_flip_normalize(
+        gpu_images, torch.tensor(boxes).cuda(), torch.tensor(flips).cuda(), (29, 37), **kw
+    )
     tol = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps * 10
     assert gpu.is_cuda and (gpu.cpu().float() - cpu.float()).abs().max().item() <= tol
-    dense = torchfeed.crop_flip_normalize(torch.stack([i.contiguous() for i in gpu_images[3:4]] * 2),
-                                          torch.tensor([boxes[3]] * 2).cuda(),
-                                          torch.tensor([True, False]).cuda(), (29, 37), **kw)  # fmt: skip
+    dense = torchfeed.crop_flip_normalize(
+        torch.stack([i.contiguous() for i in gpu_images[3:4]] * 2),
+        torch.tensor([boxes[3]] * 2).cuda(),
+        torch.tensor([True, False]).cuda(),
+        (29, 37),
+        **kw,
+    )
     assert dense.shape == (2, 3, 29, 37)
 
 
@@ -400,13 +465,29 @@ def test_cuda_transform_and_opcheck():
     images = [i.cuda() for i in images_of([(60, 80), (90, 70)])]
     t = RandomResizedCropFlipNormalize(32, mean=MEAN, std=STD, return_params=True)
     out, params = t(images)
-    ref = tv_float([i.cpu() for i in images], params["boxes"].tolist(), params["flips"].tolist(),
-                   (32, 32), "bilinear", True)  # fmt: skip
+    ref = tv_float(
+        [i.cpu() for i in images],
+        params["boxes"].tolist(),
+        params["flips"].tolist(),
+        (32, 32),
+        "bilinear",
+        True,
+    )
     assert (out.cpu() - ref).abs().max().item() <= 1e-4
     grid = grid_from_boxes(params["boxes"].double(), [(60, 80), (90, 70)], (32, 32))  # host
-    torch.library.opcheck(torch.ops.torchfeed.crop_flip_normalize_list_out.default,
-                          (images, grid, params["flips"], 1, True, MEAN, STD,
-                           torch.empty(2, 3, 32, 32, device="cuda")))  # fmt: skip
+    torch.library.opcheck(
+        torch.ops.torchfeed.crop_flip_normalize_list_out.default,
+        (
+            images,
+            grid,
+            params["flips"],
+            1,
+            True,
+            MEAN,
+            STD,
+            torch.empty(2, 3, 32, 32, device="cuda"),
+        ),
+    )
 
 
 @pytest.mark.cuda
@@ -418,8 +499,9 @@ def test_nothing_synchronizes_the_device():
     e = ResizeCenterCropNormalize(40, 32, mean=MEAN, std=STD)
     ragged = RaggedImages.from_images(images_of([(60, 80), (90, 70)])).to("cuda")
     samples = [(im, 0) for im in images_of([(60, 80), (90, 70), (31, 45)] * 4)]
-    loader = torch.utils.data.DataLoader(samples, batch_size=4,
-                                         collate_fn=torchfeed.ImageCollate(0))  # fmt: skip
+    loader = torch.utils.data.DataLoader(
+        samples, batch_size=4, collate_fn=torchfeed.ImageCollate(0)
+    )
     prefetcher = torchfeed.DevicePrefetcher(loader, "cuda", transform=lambda b: (t(b[0]), b[1]))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -439,8 +521,18 @@ def emulate(images, grid, flips, size, mode, antialias, fmt, kernel, budget, dty
     out = torch.full((len(images), images[0].shape[0], *size), float("nan"), dtype=dtype)
     out = out.contiguous(memory_format=fmt)
     c = images[0].shape[0]
-    ran = EMULATE(images, grid, flips, mode, antialias, [*MEAN, 0.5][:c], [*STD, 0.25][:c],
-                  out, kernel, budget)  # fmt: skip
+    ran = EMULATE(
+        images,
+        grid,
+        flips,
+        mode,
+        antialias,
+        [*MEAN, 0.5][:c],
+        [*STD, 0.25][:c],
+        out,
+        kernel,
+        budget,
+    )
     return out, ran
 
 
@@ -448,17 +540,18 @@ def cpu_op(images, grid, flips, size, mode, antialias, fmt, dtype=torch.float32)
     out = torch.empty(len(images), images[0].shape[0], *size, dtype=dtype)
     out = out.contiguous(memory_format=fmt)
     c = images[0].shape[0]
-    torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid, flips, mode, antialias,
-                                                     [*MEAN, 0.5][:c], [*STD, 0.25][:c],
-                                                     out)  # fmt: skip
+    torch.ops.torchfeed.crop_flip_normalize_list_out(
+        images, grid, flips, mode, antialias, [*MEAN, 0.5][:c], [*STD, 0.25][:c], out
+    )
     return out
 
 
 @pytest.mark.parametrize(("interpolation", "antialias"), MODES)
 @pytest.mark.parametrize("budget", [98304, 6000, 1500])  # big tiles, small tiles, 1x1 tiles
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
-def test_one_pass_kernel_is_bit_identical_to_the_cpu_kernel(isa, interpolation, antialias,
-                                                           budget, fmt):  # fmt: skip
+def test_one_pass_kernel_is_bit_identical_to_the_cpu_kernel(
+    isa, interpolation, antialias, budget, fmt
+):
     """Both compute every sum term for term in the same order with fused multiply-adds (the
     CPU's AVX2 path), so the one-pass kernel's blocks give the CPU kernel's bits; with the
     baseline CPU path (no FMA) they agree to float rounding."""
@@ -535,12 +628,13 @@ def test_packed_and_hwc_list_inputs_agree_with_the_list_op(layout):
     packed = RaggedImages.from_images(stored, layout)
     got = torch.empty_like(want)
     torch.ops.torchfeed.crop_flip_normalize_packed_out(
-        packed.data, packed.packed_shapes(), grid, flips, 1, True, MEAN, STD, got,
-        layout == "HWC")  # fmt: skip
+        packed.data, packed.packed_shapes(), grid, flips, 1, True, MEAN, STD, got, layout == "HWC"
+    )
     assert torch.equal(got, want)
     got = torch.empty_like(want)
     torch.ops.torchfeed.crop_flip_normalize_list_out(
-        stored, grid, flips, 1, True, MEAN, STD, got, layout == "HWC")  # fmt: skip
+        stored, grid, flips, 1, True, MEAN, STD, got, layout == "HWC"
+    )
     assert torch.equal(got, want)
 
 
@@ -562,8 +656,9 @@ def test_the_raw_op_checks_every_geometry_value(field, value):
     images, grid, flips = geometry_with(field, value)
     out = torch.full((6, 3, 9, 11), float("nan"))
     try:
-        torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid, flips, 1, True, MEAN, STD,
-                                                         out)  # fmt: skip
+        torch.ops.torchfeed.crop_flip_normalize_list_out(
+            images, grid, flips, 1, True, MEAN, STD, out
+        )
     except ValueError as e:
         assert "grid[0] describes taps outside image 0" in str(e)
     else:  # a harmless change (e.g. a start still inside): every output written, finite
@@ -571,17 +666,24 @@ def test_the_raw_op_checks_every_geometry_value(field, value):
 
 
 @settings(max_examples=200, deadline=None)
-@given(row=st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
-                              st.integers(-(2**62), 2**62).map(float)),
-                    min_size=10, max_size=10))  # fmt: skip
+@given(
+    row=st.lists(
+        st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**62), 2**62).map(float)
+        ),
+        min_size=10,
+        max_size=10,
+    )
+)
 def test_random_geometry_rows_never_crash(row):
     images, grid, flips, _, _ = op_samples()
     grid = grid.clone()
     grid[0] = torch.tensor(row, dtype=torch.float64)
     out = torch.empty(6, 3, 9, 11)
     try:
-        torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid, flips, 1, True, MEAN, STD,
-                                                         out)  # fmt: skip
+        torch.ops.torchfeed.crop_flip_normalize_list_out(
+            images, grid, flips, 1, True, MEAN, STD, out
+        )
     except ValueError as e:
         assert "grid[0]" in str(e)
 
@@ -592,8 +694,9 @@ def test_geometry_and_flips_must_be_on_the_host():
     images = [i.cuda() for i in images]
     out = torch.empty(6, 3, 9, 11, device="cuda")
     with pytest.raises(ValueError, match="grid and flips must be CPU tensors"):
-        torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid.cuda(), flips, 1, True,
-                                                         MEAN, STD, out)  # fmt: skip
+        torch.ops.torchfeed.crop_flip_normalize_list_out(
+            images, grid.cuda(), flips, 1, True, MEAN, STD, out
+        )
 
 
 def test_an_output_overlapping_an_input_is_refused():
@@ -601,13 +704,15 @@ def test_an_output_overlapping_an_input_is_refused():
     image = out.view(-1).view(torch.uint8).view(3, 8, 8)  # the same bytes
     grid = grid_from_boxes([(0, 0, 8, 8)], [(8, 8)], (4, 4))
     with pytest.raises(RuntimeError, match="refer to a single memory location"):
-        torch.ops.torchfeed.crop_flip_normalize_list_out([image], grid, torch.tensor([False]), 1,
-                                                         True, MEAN, STD, out)  # fmt: skip
+        torch.ops.torchfeed.crop_flip_normalize_list_out(
+            [image], grid, torch.tensor([False]), 1, True, MEAN, STD, out
+        )
     other = torch.zeros(2, 3, 4, 4)  # out: other[0]; the image: the second half of it and more
     images = [other.view(-1)[24:72].view(torch.uint8).view(3, 8, 8)]
     with pytest.raises(RuntimeError, match="refer to a single memory location"):
-        torch.ops.torchfeed.crop_flip_normalize_list_out(images, grid, torch.tensor([False]), 1,
-                                                         True, MEAN, STD, other[:1])  # fmt: skip
+        torch.ops.torchfeed.crop_flip_normalize_list_out(
+            images, grid, torch.tensor([False]), 1, True, MEAN, STD, other[:1]
+        )
 
 
 def test_the_planning_ops_check_their_inputs():
@@ -623,7 +728,8 @@ def test_the_planning_ops_check_their_inputs():
     with pytest.raises(ValueError, match=r"crop \(30, 30\) is larger than image"):
         torch.ops.torchfeed.resize_center_crop_grid(sizes, 20, -1, 30, 30)
     with pytest.raises(ValueError, match=r"images\[1\] must be 3-D"):
-        torch.ops.torchfeed.image_sizes([torch.zeros(3, 4, 4, dtype=torch.uint8),
-                                         torch.zeros(4, 4, dtype=torch.uint8)])  # fmt: skip
+        torch.ops.torchfeed.image_sizes(
+            [torch.zeros(3, 4, 4, dtype=torch.uint8), torch.zeros(4, 4, dtype=torch.uint8)]
+        )
     with pytest.raises(ValueError, match=r"images\[0\] must be 1 to 16777216 pixels a side"):
         torch.ops.torchfeed.image_sizes([torch.zeros(3, 0, 4, dtype=torch.uint8)])

@@ -225,8 +225,11 @@ def test_list_op_finds_the_length_itself():
             seqs, -1, 0, False, max_length, False, multiple
         )
         assert padded.shape == (4, expected)
-        ref = torchfeed.pad(seqs, max_length=None if max_length < 0 else max_length,
-                            pad_to_multiple_of=None if multiple == 1 else multiple)  # fmt: skip
+        ref = torchfeed.pad(
+            seqs,
+            max_length=None if max_length < 0 else max_length,
+            pad_to_multiple_of=None if multiple == 1 else multiple,
+        )
         assert torch.equal(padded, ref.padded) and torch.equal(mask, ref.mask)
         assert torch.equal(lengths, ref.lengths)
 

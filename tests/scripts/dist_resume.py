@@ -45,14 +45,16 @@ def collate(batch):
 
 def build(kind: str, epoch: int):
     if kind == "iterable":
-        ds = ShardedIterableDataset(list(range(ITEMS)), make_sample, mode="sample", seed=1,
-                                    seed_samples=True)  # fmt: skip
+        ds = ShardedIterableDataset(
+            list(range(ITEMS)), make_sample, mode="sample", seed=1, seed_samples=True
+        )
         ds.set_epoch(epoch)
         return torchfeed.loader(ds, batch_size=4, num_workers=2, collate_fn=collate)
     sampler = DistributedSampler(ITEMS, seed=1)
     sampler.set_epoch(epoch)
-    return torchfeed.loader(MapStyle(), batch_size=4, sampler=sampler, num_workers=2,
-                            collate_fn=collate)  # fmt: skip
+    return torchfeed.loader(
+        MapStyle(), batch_size=4, sampler=sampler, num_workers=2, collate_fn=collate
+    )
 
 
 def main() -> None:

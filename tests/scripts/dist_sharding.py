@@ -23,8 +23,9 @@ def main(out_path: str, uneven: str) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)  # the same on every rank, as DDP scripts do
     ds = ShardedIterableDataset(range(103), sample, mode="sample", uneven=uneven, seed=7)
-    loader = DataLoader(ds, batch_size=4, num_workers=2, worker_init_fn=WorkerSeeder(),
-                        persistent_workers=True)  # fmt: skip
+    loader = DataLoader(
+        ds, batch_size=4, num_workers=2, worker_init_fn=WorkerSeeder(), persistent_workers=True
+    )
     epochs = []
     for epoch in range(2):
         ds.set_epoch(epoch)
