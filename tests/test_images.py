@@ -51,9 +51,17 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"images\[1\] must be 3-D"):
         RaggedImages.from_images([torch.zeros(3, 2, 2, dtype=torch.uint8), torch.zeros(2, 2)])
     with pytest.raises(
-        TypeError, match=r"images\[1\] is torch.float32 on cpu but images\[0\] is torch.uint8"
+        TypeError, match=r"images\[1\] is torch.float32 but images\[0\] is torch.uint8"
     ):
         RaggedImages.from_images([torch.zeros(3, 2, 2, dtype=torch.uint8), torch.zeros(3, 2, 2)])
+    # a device mismatch is a ValueError, as in every other check (meta: no GPU needed)
+    with pytest.raises(ValueError, match=r"images\[1\] is on meta but images\[0\] is on cpu"):
+        RaggedImages.from_images(
+            [
+                torch.zeros(3, 2, 2, dtype=torch.uint8),
+                torch.zeros(3, 2, 2, dtype=torch.uint8, device="meta"),
+            ]
+        )
     with pytest.raises(ValueError, match="image_layout must be 'CHW' or 'HWC'"):
         RaggedImages.from_images([torch.zeros(3, 2, 2)], "WHC")
     with pytest.raises(ValueError, match="data holds 5 elements but the shapes need 12"):

@@ -54,10 +54,11 @@ def image_shapes(images: Sequence[Tensor], layout: Layout) -> list[tuple[int, in
                 f"images[{i}] must be 3-D ({'[C, H, W]' if layout == 'CHW' else '[H, W, C]'})"
                 f", got shape {list(im.shape)}"
             )
-        if im.dtype != images[0].dtype or im.device != images[0].device:
-            raise TypeError(
-                f"images[{i}] is {im.dtype} on {im.device} but images[0] is "
-                f"{images[0].dtype} on {images[0].device}"
+        if im.dtype != images[0].dtype:
+            raise TypeError(f"images[{i}] is {im.dtype} but images[0] is {images[0].dtype}")
+        if im.device != images[0].device:
+            raise ValueError(
+                f"images[{i}] is on {im.device} but images[0] is on {images[0].device}"
             )
     return [
         (im.shape[0], im.shape[1], im.shape[2])
