@@ -61,9 +61,11 @@ PUBLIC = {
     },
     "torchfeed.sampling": {"resized_crop_box", "sample_flips", "sample_resized_crop_params"},
     "torchfeed.transforms": {
+        "FusedSteps",
         "RandomResizedCropFlipNormalize",
         "ResizeCenterCropNormalize",
         "ResizeRandomFlipNormalize",
+        "fuse",
     },
 }
 TOP = {
@@ -82,6 +84,7 @@ TOP = {
     "__version__",
     "build_info",
     "crop_flip_normalize",
+    "fuse",
     "loader",
     "pad",
     "pad_packed",

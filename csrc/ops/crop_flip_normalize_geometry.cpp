@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "ops/crop_flip_normalize.h"
@@ -232,6 +233,22 @@ at::Tensor sample_resized_crop(const at::Tensor& sizes, double scale_lo, double 
   return boxes;
 }
 
+// sample_resized_crop's boxes, then a flip per image with probability p_flip: the uniforms
+// torch.rand([B]) draws next, compared with p_flip (torchvision: torch.rand(1) < p).
+std::tuple<at::Tensor, at::Tensor> sample_crops_and_flips(const at::Tensor& sizes, double scale_lo,
+                                                          double scale_hi, double ratio_lo,
+                                                          double ratio_hi, double p_flip,
+                                                          std::optional<at::Generator> generator) {
+  TORCH_CHECK_VALUE(p_flip >= 0.0 && p_flip <= 1.0,
+                    "sample_crops_and_flips: p_flip must be in "
+                    "[0, 1], got ",
+                    py_float(p_flip));
+  at::Tensor boxes = sample_resized_crop(sizes, scale_lo, scale_hi, ratio_lo, ratio_hi, generator);
+  const at::Tensor coins =
+      at::rand({boxes.size(0)}, generator, at::TensorOptions().dtype(at::kFloat));
+  return {boxes, coins.lt(p_flip)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchfeed, CPU, m) {
@@ -239,6 +256,7 @@ TORCH_LIBRARY_IMPL(torchfeed, CPU, m) {
   m.impl("resized_crop_grid", &resized_crop_grid);
   m.impl("resize_center_crop_grid", &resize_center_crop_grid);
   m.impl("sample_resized_crop", &sample_resized_crop);
+  m.impl("sample_crops_and_flips", &sample_crops_and_flips);
 }
 
 // image_sizes reads only the images' shapes: the same host function serves CUDA images.

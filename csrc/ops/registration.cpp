@@ -51,6 +51,12 @@ TORCH_LIBRARY(torchfeed, m) {
   m.def(
       "sample_resized_crop(Tensor sizes, float scale_lo, float scale_hi, float ratio_lo, "
       "float ratio_hi, Generator? generator=None) -> Tensor");
+  // The same boxes, then a horizontal flip per image with probability p_flip (bool [B]), in one
+  // draw from `generator`: torchvision's RandomResizedCrop then RandomHorizontalFlip. (One op, so
+  // that a compiled graph keeps the order of the two draws.)
+  m.def(
+      "sample_crops_and_flips(Tensor sizes, float scale_lo, float scale_hi, float ratio_lo, "
+      "float ratio_hi, float p_flip, Generator? generator=None) -> (Tensor boxes, Tensor flips)");
 
 #ifdef TORCHFEED_WITH_JPEG
   // Encoded JPEG bytes (uint8 [N]) -> the RGB pixels of one window, uint8 [3, height, width] in

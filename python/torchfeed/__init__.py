@@ -7,7 +7,7 @@ hooks. The names a pipeline uses most are here; each has one home module besides
 - text: :func:`pad`, :func:`pad_packed`, :class:`Padded` (:mod:`torchfeed.ops.pad`),
   :class:`RaggedBatch` (:mod:`torchfeed.ragged`), :class:`PadCollate`
   (:mod:`torchfeed.collate`);
-- images: the transforms (:mod:`torchfeed.transforms`), their functional forms
+- images: the transforms and :func:`fuse` (:mod:`torchfeed.transforms`), their functional forms
   :func:`crop_flip_normalize` and :func:`resize_center_crop_normalize`
   (:mod:`torchfeed.ops.crop_flip_normalize`), :class:`RaggedImages` (:mod:`torchfeed.images`),
   :class:`ImageCollate` (:mod:`torchfeed.collate`); decoding in :mod:`torchfeed.decode`;
@@ -30,6 +30,7 @@ from torchfeed.transforms import (
     RandomResizedCropFlipNormalize,
     ResizeCenterCropNormalize,
     ResizeRandomFlipNormalize,
+    fuse,
 )
 
 __version__ = _C.build_info()["version"]
@@ -50,6 +51,7 @@ __all__ = [
     "__version__",
     "build_info",
     "crop_flip_normalize",
+    "fuse",
     "loader",
     "pad",
     "pad_packed",

@@ -24,11 +24,16 @@ class BatchTransform(Protocol):
     transforms): the output's shape, dtype and memory format known before it is written, and
     ``apply`` writing it into a given buffer (a zero-copy ring's region)."""
 
-    image_layout: Layout
-    dtype: torch.dtype
-    channels_last: bool
+    @property
+    def image_layout(self) -> Layout: ...
 
-    def output_shape(self, batch_size: int, channels: int) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def channels_last(self) -> bool: ...
+
+    def output_shape(self, images: Sequence[Tensor]) -> tuple[int, int, int, int]: ...
 
     def apply(self, images: Any, out: Tensor | None = None) -> tuple[Tensor, Any, Any]: ...
 
@@ -120,8 +125,8 @@ class ImageCollate:
         transform = self.transform
         assert transform is not None  # chosen only with a transform
         images = list(images)
-        channels = image_shapes(images, layout)[0][0]
-        b, c, h, w = transform.output_shape(len(images), channels)
+        image_shapes(images, layout)  # packable: one channel count, dtype and device
+        b, c, h, w = transform.output_shape(images)
         if transform.channels_last:  # stored as [B, H, W, C], viewed as [B, C, H, W]
             shape, permute = (b, h, w, c), (0, 3, 1, 2)
         else:

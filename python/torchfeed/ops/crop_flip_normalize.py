@@ -148,6 +148,16 @@ def _resize_center_crop_grid_fake(sizes, resize_h, resize_w, crop_h, crop_w):
     return sizes.new_empty((sizes.shape[0], 10), dtype=torch.float64)
 
 
+@torch.library.register_fake("torchfeed::sample_crops_and_flips")
+def _sample_crops_and_flips_fake(
+    sizes, scale_lo, scale_hi, ratio_lo, ratio_hi, p_flip, generator=None
+):
+    batch = sizes.shape[0]
+    return sizes.new_empty((batch, 4), dtype=torch.int64), sizes.new_empty(
+        (batch,), dtype=torch.bool
+    )
+
+
 @torch.library.register_fake("torchfeed::sample_resized_crop")
 def _sample_resized_crop_fake(sizes, scale_lo, scale_hi, ratio_lo, ratio_hi, generator=None):
     return sizes.new_empty((sizes.shape[0], 4), dtype=torch.int64)

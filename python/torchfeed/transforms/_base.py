@@ -1,0 +1,266 @@
+"""The fused transform: a torchvision v2 ``Transform`` that runs a spatial plan (crop, resize,
+flip: :mod:`torchfeed.transforms._plan`), the conversion to float and the normalization as one
+pass of the op, on whatever a v2 transform takes (:mod:`torchfeed.transforms._inputs`): a batch,
+one image, or a nested sample whose targets follow their image. Its options are validated once,
+at construction; a call validates nothing of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import InterpolationMode
+
+from torchfeed._output_buffer import OutputBuffer
+from torchfeed._packing import Layout
+from torchfeed.images import RaggedImages
+from torchfeed.ops._image_op import ImageOptions, OpImages, run
+from torchfeed.transforms._inputs import (
+    PIL_CHANNELS,
+    TARGETS,
+    as_op_image,
+    is_image,
+    split_batch,
+)
+from torchfeed.transforms._plan import NotExact, Plan
+
+__all__ = ["FusedTransform"]
+
+
+class FusedTransform(v2.Transform):
+    """See the module's docstring. ``fallback`` (a fused pipeline's original steps) runs instead
+    of the op where the op cannot reproduce them exactly: an image that is not 8-bit, a center
+    crop larger than the image (torchvision pads); without it, those raise."""
+
+    # v2's rule for what a transform touches, plus numpy images (as ToImage takes them)
+    _transformed_types = (Tensor, PIL.Image.Image, np.ndarray)
+
+    def __init__(
+        self,
+        plan: Plan,
+        options: ImageOptions,
+        generator: torch.Generator | None,
+        return_params: bool,
+        fallback: Callable[..., Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(return_params, bool):
+            raise TypeError(f"return_params must be a bool, got {type(return_params).__name__}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        self.plan = plan
+        self.options = options
+        self.generator = generator
+        self.return_params = return_params
+        self._fallback = fallback
+        self._hwc = options.image_layout == "HWC"
+        self._buffer = OutputBuffer()
+
+    # the options, read-only (validated once, at construction)
+    @property
+    def mean(self) -> list[float]:
+        return list(self.options.mean)  # type: ignore[arg-type]  # a tuple, once validated
+
+    @property
+    def std(self) -> list[float]:
+        return list(self.options.std)  # type: ignore[arg-type]
+
+    @property
+    def interpolation(self) -> str | InterpolationMode:
+        return self.options.interpolation
+
+    @property
+    def antialias(self) -> bool:
+        return self.options.antialias
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.options.dtype
+
+    @property
+    def channels_last(self) -> bool:
+        return self.options.channels_last
+
+    @property
+    def image_layout(self) -> Layout:
+        return self.options.image_layout
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_buffer"] = OutputBuffer()  # a pickled transform carries no output batch
+        return state
+
+    def output_shape(self, images: Sequence[Tensor]) -> tuple[int, int, int, int]:
+        """The output's ``[B, C, H, W]`` for a list of images (of this transform's layout)."""
+        batch = OpImages(list(images), self._hwc)
+        return (len(batch), batch.channels, *self.plan.batch_size_of(batch.size_table()))
+
+    def apply(self, images: Any, out: Tensor | None = None) -> tuple[Tensor, dict, OpImages]:
+        """Transforms a batch (a ``[B, C, H, W]`` tensor, a list of images, RaggedImages), each
+        image with its own parameters, into ``out`` if given. Returns the output, the drawn
+        parameters and the batch as the op saw it."""
+        if isinstance(images, list | tuple) and any(type(x) is not Tensor for x in images):
+            images = [as_op_image(x, self._hwc) for x in images]
+        batch = OpImages(images, self._hwc)
+        if len(batch) == 0:
+            params = {"boxes": torch.empty(0, 4, dtype=torch.int64)}
+            params["flips"] = torch.empty(0, dtype=torch.bool)
+            grid = torch.empty(0, 10, dtype=torch.float64)
+            fixed = self.plan.fixed_size() or (0, 0)
+            return run(batch, grid, params["flips"], fixed, self.options, out), params, batch
+        sizes = batch.size_table()
+        out_size = self.plan.batch_size_of(sizes)
+        params = self.plan.draw(sizes, self.generator)
+        try:
+            grid = self.plan.grid(sizes, params, out_size)
+        except NotExact as e:
+            raise ValueError(f"{type(self).__name__}: {e}") from None
+        flips = self.plan.flip_of(params, len(batch))
+        buffer = None if torch.compiler.is_compiling() else self._buffer
+        return run(batch, grid, flips, out_size, self.options, out, buffer), params, batch
+
+    def forward(self, *inputs: Any) -> Any:
+        sample = inputs if len(inputs) > 1 else inputs[0]
+        try:
+            if is_image(sample):  # the per-sample fast path: one image, nothing to walk
+                image, params = self._one(sample)
+                return (image, params) if self.return_params else image
+            split = split_batch(sample)
+            if split is not None:
+                return self._batch(*split)
+            return self._sample(sample)
+        except _Unfusable:
+            assert self._fallback is not None
+            return self._fallback(*inputs)
+
+    def _batch(self, images: Any, targets: Sequence[Any] | None) -> Any:
+        if self._fallback is not None and not _eight_bit(images):
+            raise _Unfusable
+        out, params, batch = self.apply(images)
+        if isinstance(images, tv_tensors.Image) or (
+            isinstance(images, list | tuple) and isinstance(images[0], tv_tensors.Image)
+        ):
+            out = tv_tensors.Image(out)
+        result: Any = out
+        if targets is not None:
+            if len(targets) != len(batch):
+                raise ValueError(
+                    f"targets must be a list with one entry per image ({len(batch)}), got "
+                    f"{type(targets).__name__} of length {len(targets)}"
+                )
+            result = (out, [self._targets(t, params, b) for b, t in enumerate(targets)])
+        return (result, params) if self.return_params else result
+
+    def _one(self, image: Any) -> tuple[Any, dict[str, Tensor]]:
+        """One image: the op on a batch of one, with one draw of the parameters."""
+        if self._fallback is not None and not _eight_bit(image):
+            raise _Unfusable
+        plain = as_op_image(image, self._hwc)
+        batch = OpImages([plain], self._hwc)
+        sizes = batch.size_table()
+        out_size = self.plan.batch_size_of(sizes)
+        params = self.plan.draw(sizes, self.generator)
+        out = self._run_one(batch, sizes, params, out_size)
+        return (tv_tensors.Image(out) if isinstance(image, tv_tensors.Image) else out), params
+
+    def _run_one(
+        self, batch: OpImages, sizes: Tensor, params: dict[str, Tensor], out_size: tuple[int, int]
+    ) -> Tensor:
+        try:
+            grid = self.plan.grid(sizes, params, out_size)
+        except NotExact as e:
+            if self._fallback is not None:
+                raise _Unfusable from None
+            raise ValueError(f"{type(self).__name__}: {e}") from None
+        flips = self.plan.flip_of(params, 1)
+        return run(batch, grid, flips, out_size, self.options)[0]
+
+    def _sample(self, sample: Any) -> Any:
+        """A nested sample, as v2 walks one: its images by v2's rule (tv_tensors.Image and PIL
+        images, else the first pure tensor), all of one size, get one draw of the parameters;
+        its targets follow; everything else passes through."""
+        flat, spec = tree_flatten(sample)
+        needs = self._needs_transform_list(flat)
+        images = [x for x, n in zip(flat, needs, strict=True) if n and not isinstance(x, TARGETS)]
+        if not images:
+            raise TypeError(
+                f"{type(self).__name__}: the sample holds no image (a PIL image, an image tensor "
+                "or a tv_tensors.Image) to transform"
+            )
+        for x in images:
+            if not (is_image(x) or isinstance(x, tv_tensors.Image)):
+                raise TypeError(
+                    f"{type(self).__name__} transforms images (a PIL image, a [C, H, W] tensor, a "
+                    f"tv_tensors.Image) and their targets, got {type(x).__name__} of shape "
+                    f"{list(getattr(x, 'shape', []))} in the sample"
+                )
+            if self._fallback is not None and not _eight_bit(x):
+                raise _Unfusable
+        plain = [as_op_image(x, self._hwc) for x in images]
+        sizes = OpImages(plain, self._hwc).size_table()
+        if len({tuple(s) for s in sizes.tolist()}) != 1:
+            raise ValueError(
+                f"{type(self).__name__}: the images of one sample must have one size (they get "
+                f"one crop), got (H, W) {sorted({tuple(s) for s in sizes.tolist()})}"
+            )
+        out_size = self.plan.batch_size_of(sizes[:1])
+        params = self.plan.draw(sizes[:1], self.generator)
+        done = iter(
+            self._run_one(OpImages([p], self._hwc), sizes[:1], params, out_size) for p in plain
+        )
+        outputs = []
+        for x, n in zip(flat, needs, strict=True):
+            if not n:
+                outputs.append(x)
+            elif isinstance(x, TARGETS):
+                outputs.append(self._targets(x, params, 0))
+            else:
+                out = next(done)
+                outputs.append(tv_tensors.Image(out) if isinstance(x, tv_tensors.Image) else out)
+        result = tree_unflatten(outputs, spec)
+        return (result, params) if self.return_params else result
+
+    def _targets(self, target: Any, params: dict[str, Tensor], b: int) -> Any:
+        """Every target (boxes, masks, key points) in ``target`` through image b's steps."""
+        interpolation = self.options.interpolation
+        if not isinstance(interpolation, InterpolationMode):
+            interpolation = InterpolationMode(interpolation)
+        flat, spec = tree_flatten(target)
+        out = [
+            self.plan.apply_to_target(x, params, b, interpolation, self.options.antialias)
+            if isinstance(x, TARGETS)
+            else x
+            for x in flat
+        ]
+        return tree_unflatten(out, spec)
+
+    def extra_repr(self) -> str:
+        o = self.options
+        return (
+            f"{self.plan.describe()}, mean={self.mean}, std={self.std}, "
+            f"interpolation={o.interpolation}, antialias={o.antialias}, dtype={o.dtype}"
+        )
+
+
+class _Unfusable(Exception):
+    """This input takes the original steps (a fused pipeline's fallback)."""
+
+
+def _eight_bit(images: Any) -> bool:
+    """Whether the op can read these images: uint8 tensors and arrays, 8-bit PIL modes."""
+    if isinstance(images, RaggedImages):
+        return images.data.dtype == torch.uint8
+    if isinstance(images, list | tuple):
+        return all(_eight_bit(x) for x in images)
+    if isinstance(images, Tensor | np.ndarray):
+        return images.dtype in (torch.uint8, np.uint8)
+    if isinstance(images, PIL.Image.Image):
+        return images.mode in PIL_CHANNELS
+    return False

@@ -1,0 +1,108 @@
+"""What a torchfeed transform is given, told apart the way torchvision v2 tells it (plus batches,
+which v2 does not draw per image): a batch (a ``[B, C, H, W]`` tensor, a list of images,
+``RaggedImages``, optionally with per-image targets), one image (a PIL image, a ``[C, H, W]``
+tensor, a ``tv_tensors.Image``, a ``[H, W, C]`` uint8 numpy array), or a nested sample whose
+images and targets are found by v2's rules; and the conversion of an image to what the op reads.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import torch
+from torch import Tensor
+from torchvision import tv_tensors
+
+from torchfeed.images import RaggedImages
+
+__all__ = ["PIL_CHANNELS", "TARGETS", "as_op_image", "is_batch", "is_image", "split_batch"]
+
+# The tv_tensors that follow their image's geometry (KeyPoints: torchvision 0.23 and later).
+TARGETS: tuple[type, ...] = tuple(
+    t
+    for t in (
+        tv_tensors.BoundingBoxes,
+        tv_tensors.Mask,
+        getattr(tv_tensors, "KeyPoints", None),
+    )
+    if t is not None
+)
+
+# PIL modes whose pixels are 8-bit channels, as torchvision's pil_to_tensor reads them ("P" and
+# "1" give one channel: palette indices, 0/1), with the channel count.
+PIL_CHANNELS = {"L": 1, "P": 1, "1": 1, "LA": 2, "RGB": 3, "YCbCr": 3, "RGBA": 4, "CMYK": 4}
+
+
+def is_image(obj: Any) -> bool:
+    """One image as v2 would transform it: a PIL image, a ``tv_tensors.Image`` or a pure 3-D
+    tensor (``[C, H, W]``, or ``[H, W, C]`` with the HWC layout), or a 3-D uint8 numpy array."""
+    if isinstance(obj, PIL.Image.Image):
+        return True
+    if isinstance(obj, Tensor):
+        return obj.dim() == 3 and (type(obj) is Tensor or isinstance(obj, tv_tensors.Image))
+    return isinstance(obj, np.ndarray) and obj.ndim == 3
+
+
+def is_batch(obj: Any) -> bool:
+    """A batch the fused op draws per image: ``RaggedImages``, a 4-D tensor (``[B, C, H, W]``,
+    a ``tv_tensors.Image`` too), or a non-empty list or tuple of images."""
+    if isinstance(obj, RaggedImages):
+        return True
+    if isinstance(obj, Tensor):
+        return obj.dim() == 4 and (type(obj) is Tensor or isinstance(obj, tv_tensors.Image))
+    return isinstance(obj, list | tuple) and len(obj) > 0 and all(is_image(x) for x in obj)
+
+
+def split_batch(sample: Any) -> tuple[Any, Sequence[Any] | None] | None:
+    """``(images, targets)`` of a batch input (``targets[b]`` image b's, or None), or None when
+    ``sample`` is not a batch (one image, or a nested sample)."""
+    if is_batch(sample):
+        return sample, None
+    if (
+        isinstance(sample, tuple)
+        and len(sample) == 2
+        and is_batch(sample[0])
+        and isinstance(sample[1], list | tuple)
+        and not is_image(sample[0])
+    ):
+        return sample[0], sample[1]
+    return None
+
+
+def as_op_image(image: Any, hwc: bool) -> Tensor:
+    """An image as the op reads it, without copying where it can: a tensor as it is (a
+    ``tv_tensors.Image`` as a plain tensor), a numpy array wrapped, a PIL image's pixels (one copy,
+    Pillow's ``tobytes``) viewed ``[C, H, W]`` (``[H, W, C]`` when ``hwc``)."""
+    if isinstance(image, Tensor):
+        return image if type(image) is Tensor else image.as_subclass(Tensor)
+    if isinstance(image, np.ndarray):
+        if not image.flags.writeable:  # torch cannot wrap a read-only array
+            image = image.copy()
+        hwc_view = torch.from_numpy(image)
+        return hwc_view if hwc else hwc_view.permute(2, 0, 1)
+    if isinstance(image, PIL.Image.Image):
+        channels = PIL_CHANNELS.get(image.mode)
+        if channels is None:
+            raise TypeError(
+                f"a PIL image of mode {image.mode!r} has no 8-bit channels the fused op reads "
+                f"(modes {sorted(PIL_CHANNELS)}); convert it first, e.g. image.convert('RGB')"
+            )
+        if image.mode == "1":  # pil_to_tensor reads mode "1" as 0 and 1
+            return as_op_image(np.array(image, dtype=np.uint8)[:, :, None], hwc)
+        width, height = image.size
+        data = image.tobytes()
+        with warnings.catch_warnings():
+            # bytes are read-only; the op only reads them (torch warns that it cannot enforce it)
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(data, dtype=torch.uint8)
+        hwc_view = flat.view(height, width, channels)
+        return hwc_view if hwc else hwc_view.permute(2, 0, 1)
+    raise TypeError(
+        "images must be PIL images, uint8 tensors ([C, H, W], or [H, W, C] with "
+        "image_layout='HWC'; [B, C, H, W] for a batch), numpy arrays [H, W, C] or RaggedImages, "
+        f"got {type(image).__name__}"
+    )
