@@ -118,6 +118,34 @@ def test_the_batch_op_draws_what_the_python_sampler_draws(scale, ratio):
         )
         ref = sample_resized_crop_params(sizes, scale, ratio, torch.Generator().manual_seed(seed))
         assert torch.equal(ours, ref)
+        # boxes and flips in one op: the boxes, then sample_flips' coins from the same stream
+        for p in (0.0, 0.3, 1.0):
+            boxes, flips = torch.ops.torchfeed.sample_crops_and_flips(
+                sizes_t, *scale, *ratio, p, torch.Generator().manual_seed(seed)
+            )
+            g = torch.Generator().manual_seed(seed)
+            assert torch.equal(boxes, sample_resized_crop_params(sizes, scale, ratio, g))
+            assert torch.equal(flips, sample_flips(len(sizes), p, g))
+
+
+def test_the_combined_op_checks_p_flip():
+    with pytest.raises(
+        ValueError, match=r"sample_crops_and_flips: p_flip must be in \[0, 1\], got 1.5"
+    ):
+        torch.ops.torchfeed.sample_crops_and_flips(torch.tensor([[4, 4]]), 0.1, 1.0, 0.5, 2.0, 1.5)
+    torch.library.opcheck(
+        torch.ops.torchfeed.sample_crops_and_flips.default,
+        (
+            torch.tensor([[40, 50], [3, 7]]),
+            0.08,
+            1.0,
+            0.75,
+            4 / 3,
+            0.5,
+            torch.Generator().manual_seed(0),
+        ),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 @pytest.mark.parametrize(

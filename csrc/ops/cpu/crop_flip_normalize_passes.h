@@ -53,43 +53,122 @@ struct BlockJob {
 namespace torchfeed::cfn::cpu::TF_CPU_ISA {
 
 // scratch row i = sum_k w[i][k] * source row (first[i] + k), over the columns the taps read.
+#ifdef TF_CPU_AVX2
+// 8 bytes as 8 floats.
+inline __m256 bytes_to_floats(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Row i of the block, for n contiguous bytes per source row: dst + i * dst_stride gets
+// sum_k w[i][k] * src[(first[i] + k) * sh + x]. In panels of kPanel columns, every output row
+// of a panel before the next panel: the source rows a panel reads (ky of them per output row,
+// each shared by about two output rows at a downscale) stay in cache until the next output row
+// reads them again, while each row's part is still read contiguously. Each sum is kept in a
+// register over all its taps (8 independent chains of FMAs) and written once: the same fused
+// multiply-adds in the same order as the scalar loop, so the same bits.
+inline void vertical_runs(const uint8_t* __restrict__ src, int64_t sh, const int64_t* first,
+                          const float* weights, int64_t ky, int64_t ny, int64_t n,
+                          float* __restrict__ dst, int64_t dst_stride) {
+  constexpr int64_t kPanel = 512;
+  const int64_t whole = n / 64 * 64;
+  for (int64_t x0 = 0; x0 < whole; x0 += kPanel) {
+    const int64_t x1 = std::min(whole, x0 + kPanel);
+    for (int64_t i = 0; i < ny; ++i) {
+      const float* w = weights + i * ky;
+      const uint8_t* row = src + first[i] * sh;
+      float* d = dst + i * dst_stride;
+      for (int64_t x = x0; x < x1; x += 64) {
+        const uint8_t* p = row + x;
+        __m256 a[8];
+        for (int q = 0; q < 8; ++q) a[q] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < ky; ++k, p += sh) {
+          const __m256 wk = _mm256_set1_ps(w[k]);
+          for (int q = 0; q < 8; ++q) a[q] = _mm256_fmadd_ps(wk, bytes_to_floats(p + 8 * q), a[q]);
+        }
+        for (int q = 0; q < 8; ++q) _mm256_storeu_ps(d + x + 8 * q, a[q]);
+      }
+    }
+  }
+  const int64_t x = whole;
+  for (int64_t i = 0; i < ny; ++i) {
+    const float* w = weights + i * ky;
+    const uint8_t* row = src + first[i] * sh;
+    float* d = dst + i * dst_stride;
+    int64_t t = x;
+    for (; t + 8 <= n; t += 8) {
+      __m256 a = _mm256_setzero_ps();
+      const uint8_t* p = row + t;
+      for (int64_t k = 0; k < ky; ++k, p += sh) {
+        a = _mm256_fmadd_ps(_mm256_set1_ps(w[k]), bytes_to_floats(p), a);
+      }
+      _mm256_storeu_ps(d + t, a);
+    }
+    for (; t < n; ++t) {
+      float a = 0.0f;
+      for (int64_t k = 0; k < ky; ++k) a = std::fma(w[k], static_cast<float>(row[t + k * sh]), a);
+      d[t] = a;
+    }
+  }
+}
+#endif
+
 template <int K>  // K taps (0: runtime)
 void vertical(const BlockJob& j) {
+  // Fields in locals, pointers restrict: the float stores would otherwise make the compiler
+  // reload the job's fields in the inner loops (and give up vectorizing them).
   const int64_t ky = K > 0 ? K : j.ky;
-  const int64_t width = j.channels * j.cols;
-  for (int64_t i = 0; i < j.ny; ++i) {
-    const float* w = j.y_weights + i * ky;
-    const uint8_t* first = j.src + j.y_first[i] * j.sh;
-    float* dst = j.scratch + i * width;
-    if (j.interleaved || (j.sw == 1 && j.channels == 1)) {
+  const int64_t channels = j.channels, cols = j.cols, ny = j.ny;
+  const int64_t sc = j.sc, sh = j.sh, sw = j.sw;
+  const int64_t width = channels * cols;
+  const uint8_t* __restrict__ src = j.src;
+  const int64_t* __restrict__ y_first = j.y_first;
+  const float* __restrict__ y_weights = j.y_weights;
+  float* __restrict__ scratch = j.scratch;
+  const bool contiguous = j.interleaved || (sw == 1 && channels == 1);
+#ifdef TF_CPU_AVX2
+  if (contiguous) {  // one contiguous run of bytes per row covers every channel
+    vertical_runs(src, sh, y_first, y_weights, ky, ny, width, scratch, width);
+    return;
+  }
+  if (sw == 1) {  // planes: one run per channel
+    for (int64_t c = 0; c < channels; ++c) {
+      vertical_runs(src + c * sc, sh, y_first, y_weights, ky, ny, cols, scratch + c * cols, width);
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < ny; ++i) {
+    const float* w = y_weights + i * ky;
+    const uint8_t* first = src + y_first[i] * sh;
+    float* __restrict__ dst = scratch + i * width;
+    if (contiguous) {
       // one contiguous run of bytes covers every channel
       const float w0 = w[0];
       for (int64_t x = 0; x < width; ++x) dst[x] = 0.0f + w0 * static_cast<float>(first[x]);
       for (int64_t k = 1; k < ky; ++k) {
-        const uint8_t* row = first + k * j.sh;
+        const uint8_t* __restrict__ row = first + k * sh;
         const float wk = w[k];
         for (int64_t x = 0; x < width; ++x) dst[x] += wk * static_cast<float>(row[x]);
       }
     } else {
-      for (int64_t c = 0; c < j.channels; ++c) {
-        const uint8_t* plane = first + c * j.sc;
-        float* d = dst + c * j.cols;
+      for (int64_t c = 0; c < channels; ++c) {
+        const uint8_t* plane = first + c * sc;
+        float* __restrict__ d = dst + c * cols;
         const float w0 = w[0];
-        if (j.sw == 1) {
-          for (int64_t x = 0; x < j.cols; ++x) d[x] = 0.0f + w0 * static_cast<float>(plane[x]);
+        if (sw == 1) {
+          for (int64_t x = 0; x < cols; ++x) d[x] = 0.0f + w0 * static_cast<float>(plane[x]);
           for (int64_t k = 1; k < ky; ++k) {
-            const uint8_t* row = plane + k * j.sh;
+            const uint8_t* __restrict__ row = plane + k * sh;
             const float wk = w[k];
-            for (int64_t x = 0; x < j.cols; ++x) d[x] += wk * static_cast<float>(row[x]);
+            for (int64_t x = 0; x < cols; ++x) d[x] += wk * static_cast<float>(row[x]);
           }
         } else {
-          for (int64_t x = 0; x < j.cols; ++x) {
-            d[x] = 0.0f + w0 * static_cast<float>(plane[x * j.sw]);
-          }
+          for (int64_t x = 0; x < cols; ++x) d[x] = 0.0f + w0 * static_cast<float>(plane[x * sw]);
           for (int64_t k = 1; k < ky; ++k) {
-            const uint8_t* row = plane + k * j.sh;
+            const uint8_t* __restrict__ row = plane + k * sh;
             const float wk = w[k];
-            for (int64_t x = 0; x < j.cols; ++x) d[x] += wk * static_cast<float>(row[x * j.sw]);
+            for (int64_t x = 0; x < cols; ++x) d[x] += wk * static_cast<float>(row[x * sw]);
           }
         }
       }
@@ -106,46 +185,53 @@ inline void store(OutT* out, int64_t stride, const float* values, int64_t n) {
 template <int K, typename OutT>
 void horizontal(const BlockJob& j) {
   const int64_t kx = K > 0 ? K : j.kx;
-  const int64_t width = j.channels * j.cols;
-  const int64_t step = j.interleaved ? j.channels : 1;  // distance between columns
-  float lanes[8];
-  for (int64_t i = 0; i < j.ny; ++i) {
-    for (int64_t c = 0; c < j.channels; ++c) {
-      const float* row = j.scratch + i * width + (j.interleaved ? c : c * j.cols);
+  const int64_t channels = j.channels, cols = j.cols, ny = j.ny, out_w = j.out_w;
+  const int64_t x_pad = j.x_pad, osc = j.osc, osh = j.osh, osw = j.osw;
+  const int64_t width = channels * cols;
+  const bool interleaved = j.interleaved;
+  const int64_t step = interleaved ? channels : 1;  // distance between columns
+  const int32_t* __restrict__ x_first = j.x_first;
+  const float* __restrict__ x_weights = j.x_weights;
+  const float* __restrict__ scratch = j.scratch;
+  OutT* __restrict__ out_base = static_cast<OutT*>(j.out);
+  alignas(32) float lanes[8];
+  for (int64_t i = 0; i < ny; ++i) {
+    for (int64_t c = 0; c < channels; ++c) {
+      const float* row = scratch + i * width + (interleaved ? c : c * cols);
       const ChannelAffine a = j.affine[c];
-      OutT* out = static_cast<OutT*>(j.out) + c * j.osc + i * j.osh;
-      for (int64_t x0 = 0; x0 < j.out_w; x0 += 8) {
+      OutT* out = out_base + c * osc + i * osh;
+      for (int64_t x0 = 0; x0 < out_w; x0 += 8) {
 #ifdef TF_CPU_AVX2
         const __m256i first =
-            _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.x_first + x0)),
+            _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x_first + x0)),
                                _mm256_set1_epi32(static_cast<int>(step)));
         __m256 acc = _mm256_setzero_ps();
         for (int64_t k = 0; k < kx; ++k) {
           const __m256i idx =
               _mm256_add_epi32(first, _mm256_set1_epi32(static_cast<int>(k * step)));
           const __m256 v = _mm256_i32gather_ps(row, idx, 4);
-          acc = _mm256_fmadd_ps(_mm256_loadu_ps(j.x_weights + k * j.x_pad + x0), v, acc);
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(x_weights + k * x_pad + x0), v, acc);
         }
         acc = _mm256_fmadd_ps(acc, _mm256_set1_ps(a.scale), _mm256_set1_ps(a.bias));
-        _mm256_storeu_ps(lanes, acc);
+        _mm256_store_ps(lanes, acc);
 #else
         for (int l = 0; l < 8; ++l) {
-          const float* p = row + j.x_first[x0 + l] * step;
+          const float* p = row + x_first[x0 + l] * step;
           float acc = 0.0f;
-          for (int64_t k = 0; k < kx; ++k) acc += j.x_weights[k * j.x_pad + x0 + l] * p[k * step];
+          for (int64_t k = 0; k < kx; ++k) acc += x_weights[k * x_pad + x0 + l] * p[k * step];
           lanes[l] = finish(acc, a);
         }
 #endif
-        const int64_t n = j.out_w - x0 < 8 ? j.out_w - x0 : 8;
+        const int64_t n = out_w - x0 < 8 ? out_w - x0 : 8;
         if constexpr (std::is_same_v<OutT, float>) {
 #ifdef TF_CPU_AVX2
-          if (n == 8 && j.osw == 1) {
+          if (n == 8 && osw == 1) {
             _mm256_storeu_ps(out + x0, acc);
             continue;
           }
 #endif
         }
-        store(out + x0 * j.osw, j.osw, lanes, n);
+        store(out + x0 * osw, osw, lanes, n);
       }
     }
   }
@@ -160,20 +246,33 @@ void horizontal(const BlockJob& j) {
 // slack); that lane is dropped.
 template <int K, typename OutT>
 void horizontal_pixels(const BlockJob& j) {
+  // Every field in a local: the stores below go through OutT*, which the compiler cannot tell
+  // apart from the job's own fields, so it would reload them at every pixel.
   const int64_t kx = K > 0 ? K : j.kx;
-  const int64_t width = j.channels * j.cols;
-  const int64_t step = j.channels;
-  float lanes[8];
+  const int64_t channels = j.channels, out_w = j.out_w, x_pad = j.x_pad, ny = j.ny;
+  const int64_t width = channels * j.cols;
+  const int64_t step = channels;
+  const int64_t osc = j.osc, osh = j.osh, osw = j.osw;
+  const int32_t* __restrict__ x_first = j.x_first;
+  const float* __restrict__ x_weights = j.x_weights;
+  const float* __restrict__ scratch = j.scratch;
+  OutT* __restrict__ out_base = static_cast<OutT*>(j.out);
+  __m256 scale[4], bias[4];
+  for (int64_t c = 0; c < channels; ++c) {
+    scale[c] = _mm256_set1_ps(j.affine[c].scale);
+    bias[c] = _mm256_set1_ps(j.affine[c].bias);
+  }
+  alignas(32) float lanes[8];
   __m128 px[8];
-  for (int64_t i = 0; i < j.ny; ++i) {
-    const float* row = j.scratch + i * width;
-    for (int64_t x0 = 0; x0 < j.out_w; x0 += 8) {
+  for (int64_t i = 0; i < ny; ++i) {
+    const float* row = scratch + i * width;
+    for (int64_t x0 = 0; x0 < out_w; x0 += 8) {
       for (int l = 0; l < 8; ++l) {  // the padding columns read column 0 with weight 0
-        const float* p = row + int64_t{j.x_first[x0 + l]} * step;
-        const float* w = j.x_weights + x0 + l;
+        const float* p = row + int64_t{x_first[x0 + l]} * step;
+        const float* w = x_weights + x0 + l;
         __m128 acc = _mm_setzero_ps();
         for (int64_t k = 0; k < kx; ++k) {
-          acc = _mm_fmadd_ps(_mm_set1_ps(w[k * j.x_pad]), _mm_loadu_ps(p + k * step), acc);
+          acc = _mm_fmadd_ps(_mm_set1_ps(w[k * x_pad]), _mm_loadu_ps(p + k * step), acc);
         }
         px[l] = acc;
       }
@@ -186,23 +285,21 @@ void horizontal_pixels(const BlockJob& j) {
       const __m256 hi01 = _mm256_unpackhi_ps(t0, t1);  // c2 c2 c3 c3
       const __m256 lo23 = _mm256_unpacklo_ps(t2, t3);
       const __m256 hi23 = _mm256_unpackhi_ps(t2, t3);
-      __m256 channel[4] = {_mm256_shuffle_ps(lo01, lo23, 0x44), _mm256_shuffle_ps(lo01, lo23, 0xEE),
-                           _mm256_shuffle_ps(hi01, hi23, 0x44),
-                           _mm256_shuffle_ps(hi01, hi23, 0xEE)};
-      const int64_t n = j.out_w - x0 < 8 ? j.out_w - x0 : 8;
-      for (int64_t c = 0; c < j.channels; ++c) {
-        const ChannelAffine a = j.affine[c];
-        const __m256 v =
-            _mm256_fmadd_ps(channel[c], _mm256_set1_ps(a.scale), _mm256_set1_ps(a.bias));
-        OutT* out = static_cast<OutT*>(j.out) + c * j.osc + i * j.osh + x0 * j.osw;
+      const __m256 channel[4] = {
+          _mm256_shuffle_ps(lo01, lo23, 0x44), _mm256_shuffle_ps(lo01, lo23, 0xEE),
+          _mm256_shuffle_ps(hi01, hi23, 0x44), _mm256_shuffle_ps(hi01, hi23, 0xEE)};
+      const int64_t n = out_w - x0 < 8 ? out_w - x0 : 8;
+      for (int64_t c = 0; c < channels; ++c) {
+        const __m256 v = _mm256_fmadd_ps(channel[c], scale[c], bias[c]);
+        OutT* out = out_base + c * osc + i * osh + x0 * osw;
         if constexpr (std::is_same_v<OutT, float>) {
-          if (n == 8 && j.osw == 1) {
+          if (n == 8 && osw == 1) {
             _mm256_storeu_ps(out, v);
             continue;
           }
         }
-        _mm256_storeu_ps(lanes, v);
-        store(out, j.osw, lanes, n);
+        _mm256_store_ps(lanes, v);
+        store(out, osw, lanes, n);
       }
     }
   }
