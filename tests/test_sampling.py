@@ -8,6 +8,7 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
+from torchfeed import sampling
 from torchfeed.sampling import resized_crop_box, sample_flips, sample_resized_crop_params
 from torchfeed.transforms import RandomResizedCropFlipNormalize
 
@@ -118,14 +119,18 @@ def test_the_batch_op_draws_what_the_python_sampler_draws(scale, ratio):
         )
         ref = sample_resized_crop_params(sizes, scale, ratio, torch.Generator().manual_seed(seed))
         assert torch.equal(ours, ref)
-        # boxes and flips in one op: the boxes, then sample_flips' coins from the same stream
+        # boxes and flips in one op and one draw: 22 uniforms per image for the box, then one
+        # for the flip (u < p)
         for p in (0.0, 0.3, 1.0):
             boxes, flips = torch.ops.torchfeed.sample_crops_and_flips(
                 sizes_t, *scale, *ratio, p, torch.Generator().manual_seed(seed)
             )
-            g = torch.Generator().manual_seed(seed)
-            assert torch.equal(boxes, sample_resized_crop_params(sizes, scale, ratio, g))
-            assert torch.equal(flips, sample_flips(len(sizes), p, g))
+            u = torch.rand(
+                len(sizes), 23, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)
+            )
+            hw = sizes_t.to(torch.float64)
+            assert torch.equal(boxes, sampling._crops_from_uniforms(hw, u, scale, ratio))
+            assert torch.equal(flips, u[:, 22] < p)
 
 
 def test_the_combined_op_checks_p_flip():

@@ -169,14 +169,8 @@ at::Tensor resize_center_crop_grid(const at::Tensor& sizes, int64_t resize_h, in
   return grid;
 }
 
-// torchvision's RandomResizedCrop.get_params per image, drawing what the Python sampler
-// (torchfeed.sampling.sample_resized_crop_params) draws, in its order: [B, 10, 2] uniforms for
-// the attempts, then [B, 2] for the placement. Returns int64 [B, 4] (top, left, height, width).
-at::Tensor sample_resized_crop(const at::Tensor& sizes, double scale_lo, double scale_hi,
-                               double ratio_lo, double ratio_hi,
-                               std::optional<at::Generator> generator) {
-  constexpr const char* op = "sample_resized_crop";
-  const Sizes s = read_sizes(op, sizes);
+void check_crop_ranges(const char* op, double scale_lo, double scale_hi, double ratio_lo,
+                       double ratio_hi) {
   TORCH_CHECK_VALUE(
       std::isfinite(scale_lo) && std::isfinite(scale_hi) && scale_lo >= 0 && scale_lo <= scale_hi,
       op, ": scale must be (min, max) with 0 <= min <= max, finite, got (", scale_lo, ", ",
@@ -185,31 +179,34 @@ at::Tensor sample_resized_crop(const at::Tensor& sizes, double scale_lo, double 
       std::isfinite(ratio_lo) && std::isfinite(ratio_hi) && ratio_lo > 0 && ratio_lo <= ratio_hi,
       op, ": ratio must be (min, max) with 0 < min <= max, finite, got (", ratio_lo, ", ", ratio_hi,
       ")");
+}
+
+// torchvision's RandomResizedCrop.get_params per image, from 22 uniforms per image (row b of
+// `u`, `stride` doubles apart): 10 attempts (area, aspect), then the placement (top, left), as
+// the Python samplers use them (torchfeed.sampling). int64 [B, 4] (top, left, height, width).
+at::Tensor crops_from_uniforms(const Sizes& s, const double* u, int64_t stride, double scale_lo,
+                               double scale_hi, double ratio_lo, double ratio_hi) {
   const int64_t batch = static_cast<int64_t>(s.h.size());
-  const auto options = at::TensorOptions().dtype(at::kDouble);
-  const at::Tensor u = at::rand({batch, 10, 2}, generator, options);
-  const at::Tensor place = at::rand({batch, 2}, generator, options);
-  const double* pu = u.data_ptr<double>();
-  const double* pp = place.data_ptr<double>();
   const double log_lo = std::log(ratio_lo), log_hi = std::log(ratio_hi);
   at::Tensor boxes = at::empty({batch, 4}, at::kLong);
   int64_t* out = boxes.data_ptr<int64_t>();
   for (int64_t b = 0; b < batch; ++b) {
+    const double* ub = u + b * stride;
     const double height = static_cast<double>(s.h[b]), width = static_cast<double>(s.w[b]);
     const double area = height * width;
     double h = 0, w = 0;
     bool found = false;
     for (int i = 0; i < 10 && !found; ++i) {
-      const double target = area * (scale_lo + (scale_hi - scale_lo) * pu[(b * 10 + i) * 2]);
-      const double aspect = std::exp(log_lo + (log_hi - log_lo) * pu[(b * 10 + i) * 2 + 1]);
+      const double target = area * (scale_lo + (scale_hi - scale_lo) * ub[2 * i]);
+      const double aspect = std::exp(log_lo + (log_hi - log_lo) * ub[2 * i + 1]);
       w = std::nearbyint(std::sqrt(target * aspect));  // half-to-even, as torch.round
       h = std::nearbyint(std::sqrt(target / aspect));
       found = w > 0 && w <= width && h > 0 && h <= height;
     }
     double top, left;
     if (found) {
-      top = std::floor(pp[2 * b] * (height - h + 1));
-      left = std::floor(pp[2 * b + 1] * (width - w + 1));
+      top = std::floor(ub[20] * (height - h + 1));
+      left = std::floor(ub[21] * (width - w + 1));
     } else {  // the central crop at the nearest allowed aspect ratio
       const double in_ratio = width / height;
       if (in_ratio < ratio_lo) {
@@ -233,20 +230,38 @@ at::Tensor sample_resized_crop(const at::Tensor& sizes, double scale_lo, double 
   return boxes;
 }
 
-// sample_resized_crop's boxes, then a flip per image with probability p_flip: the uniforms
-// torch.rand([B]) draws next, compared with p_flip (torchvision: torch.rand(1) < p).
+// RandomResizedCrop's boxes: one draw of [B, 22] uniforms from `generator` (what
+// torchfeed.sampling.sample_resized_crop_params draws).
+at::Tensor sample_resized_crop(const at::Tensor& sizes, double scale_lo, double scale_hi,
+                               double ratio_lo, double ratio_hi,
+                               std::optional<at::Generator> generator) {
+  constexpr const char* op = "sample_resized_crop";
+  const Sizes s = read_sizes(op, sizes);
+  check_crop_ranges(op, scale_lo, scale_hi, ratio_lo, ratio_hi);
+  const int64_t batch = static_cast<int64_t>(s.h.size());
+  const at::Tensor u = at::rand({batch, 22}, generator, at::TensorOptions().dtype(at::kDouble));
+  return crops_from_uniforms(s, u.data_ptr<double>(), 22, scale_lo, scale_hi, ratio_lo, ratio_hi);
+}
+
+// The same boxes and a horizontal flip per image with probability p_flip, from one draw of
+// [B, 23] uniforms: the box's 22, then the flip's (u < p_flip, as torchvision's rand(1) < p).
 std::tuple<at::Tensor, at::Tensor> sample_crops_and_flips(const at::Tensor& sizes, double scale_lo,
                                                           double scale_hi, double ratio_lo,
                                                           double ratio_hi, double p_flip,
                                                           std::optional<at::Generator> generator) {
-  TORCH_CHECK_VALUE(p_flip >= 0.0 && p_flip <= 1.0,
-                    "sample_crops_and_flips: p_flip must be in "
-                    "[0, 1], got ",
+  constexpr const char* op = "sample_crops_and_flips";
+  const Sizes s = read_sizes(op, sizes);
+  check_crop_ranges(op, scale_lo, scale_hi, ratio_lo, ratio_hi);
+  TORCH_CHECK_VALUE(p_flip >= 0.0 && p_flip <= 1.0, op, ": p_flip must be in [0, 1], got ",
                     py_float(p_flip));
-  at::Tensor boxes = sample_resized_crop(sizes, scale_lo, scale_hi, ratio_lo, ratio_hi, generator);
-  const at::Tensor coins =
-      at::rand({boxes.size(0)}, generator, at::TensorOptions().dtype(at::kFloat));
-  return {boxes, coins.lt(p_flip)};
+  const int64_t batch = static_cast<int64_t>(s.h.size());
+  const at::Tensor u = at::rand({batch, 23}, generator, at::TensorOptions().dtype(at::kDouble));
+  const double* pu = u.data_ptr<double>();
+  at::Tensor boxes = crops_from_uniforms(s, pu, 23, scale_lo, scale_hi, ratio_lo, ratio_hi);
+  at::Tensor flips = at::empty({batch}, at::kBool);
+  bool* f = flips.data_ptr<bool>();
+  for (int64_t b = 0; b < batch; ++b) f[b] = pu[b * 23 + 22] < p_flip;
+  return {boxes, flips};
 }
 
 }  // namespace

@@ -47,13 +47,14 @@ TORCH_LIBRARY(torchfeed, m) {
   m.def(
       "resize_center_crop_grid(Tensor sizes, int resize_h, int resize_w, int crop_h, "
       "int crop_w) -> Tensor");
-  // RandomResizedCrop's boxes, drawn per image from `generator` (int64 [B, 4]):
+  // RandomResizedCrop's boxes, drawn per image from `generator`: one draw of [B, 22] uniforms
+  // (int64 [B, 4]):
   m.def(
       "sample_resized_crop(Tensor sizes, float scale_lo, float scale_hi, float ratio_lo, "
       "float ratio_hi, Generator? generator=None) -> Tensor");
-  // The same boxes, then a horizontal flip per image with probability p_flip (bool [B]), in one
-  // draw from `generator`: torchvision's RandomResizedCrop then RandomHorizontalFlip. (One op, so
-  // that a compiled graph keeps the order of the two draws.)
+  // The same boxes and a horizontal flip per image with probability p_flip (bool [B]), from one
+  // draw of [B, 23] uniforms: torchvision's RandomResizedCrop then RandomHorizontalFlip. (One op
+  // and one draw: a compiled graph cannot reorder them.)
   m.def(
       "sample_crops_and_flips(Tensor sizes, float scale_lo, float scale_hi, float ratio_lo, "
       "float ratio_hi, float p_flip, Generator? generator=None) -> (Tensor boxes, Tensor flips)");

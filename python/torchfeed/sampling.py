@@ -44,12 +44,23 @@ def sample_resized_crop_params(
     the batch; draws from ``generator`` (the global generator if None). Returns int64
     ``[B, 4]`` boxes (top, left, height, width)."""
     hw = torch.tensor(_sizes_list(sizes), dtype=torch.float64).reshape(-1, 2)
-    s0, s1 = check_range("scale", scale, positive=False)
-    r0, r1 = check_range("ratio", ratio, positive=True)
+    scale = check_range("scale", scale, positive=False)
+    ratio = check_range("ratio", ratio, positive=True)
+    # 22 uniforms per image, in one draw: 10 attempts (area, aspect), then the placement; image
+    # b's are the ones resized_crop_box draws for it alone
+    draws = torch.rand(hw.shape[0], 22, dtype=torch.float64, generator=generator)
+    return _crops_from_uniforms(hw, draws, scale, ratio)
+
+
+def _crops_from_uniforms(
+    hw: Tensor, draws: Tensor, scale: tuple[float, float], ratio: tuple[float, float]
+) -> Tensor:
+    """The boxes of images of ``hw`` ``[B, 2]`` (float64) from ``draws`` ``[B, >= 22]``."""
+    (s0, s1), (r0, r1) = scale, ratio
     batch = hw.shape[0]
     height, width = hw[:, 0:1], hw[:, 1:2]
     area = height * width
-    u = torch.rand(batch, 10, 2, dtype=torch.float64, generator=generator)
+    u = draws[:, :20].reshape(batch, 10, 2)
     target_area = area * (s0 + (s1 - s0) * u[..., 0])
     log_ratio = math.log(r0) + (math.log(r1) - math.log(r0)) * u[..., 1]
     aspect = torch.exp(log_ratio)
@@ -61,7 +72,7 @@ def sample_resized_crop_params(
     first = fits.to(torch.int8).argmax(dim=1, keepdim=True)
     w = w.gather(1, first).squeeze(1)
     h = h.gather(1, first).squeeze(1)
-    place = torch.rand(batch, 2, dtype=torch.float64, generator=generator)
+    place = draws[:, 20:22]
     height, width = height.squeeze(1), width.squeeze(1)
     top = torch.floor(place[:, 0] * (height - h + 1))
     left = torch.floor(place[:, 1] * (width - w + 1))

@@ -239,7 +239,7 @@ def test_bad_inputs():
     with pytest.raises(TypeError, match="the sample holds no image"):
         t({"label": 3, "name": "x"})
     with pytest.raises(
-        TypeError, match=r"image_sizes: images\[0\] must be uint8, got torch.float32"
+        TypeError, match=r"images\[0\] must be uint8, got torch.float32"
     ):
         t(torch.rand(3, 10, 10))
     with pytest.raises(

@@ -162,23 +162,52 @@ class FusedTransform(v2.Transform):
         """One image: the op on a batch of one, with one draw of the parameters."""
         if self._fallback is not None and not _eight_bit(image):
             raise _Unfusable
+        if isinstance(image, PIL.Image.Image):
+            return self._one_pil(image)
         plain = as_op_image(image, self._hwc)
         batch = OpImages([plain], self._hwc)
-        sizes = batch.size_table()
+        # one 3-D image: its size from its shape (the kernel op checks the image itself)
+        h, w = plain.shape[:2] if self._hwc else plain.shape[1:]
+        sizes = torch.tensor([[h, w]], dtype=torch.int64)
         out_size = self.plan.batch_size_of(sizes)
         params = self.plan.draw(sizes, self.generator)
         out = self._run_one(batch, sizes, params, out_size)
         return (tv_tensors.Image(out) if isinstance(image, tv_tensors.Image) else out), params
 
-    def _run_one(
-        self, batch: OpImages, sizes: Tensor, params: dict[str, Tensor], out_size: tuple[int, int]
-    ) -> Tensor:
+    def _one_pil(self, image: PIL.Image.Image) -> tuple[Tensor, dict[str, Tensor]]:
+        """A PIL image: only the pixels the crop's taps read are copied out of Pillow (its
+        ``tobytes`` is the costly step for a large photo), then the op on them."""
+        w, h = image.size
+        sizes = torch.tensor([[h, w]], dtype=torch.int64)
+        out_size = self.plan.batch_size_of(sizes)
+        params = self.plan.draw(sizes, self.generator)
+        grid = self._grid(sizes, params, out_size)
+        # the rows [y0, y1) and columns [x0, x1) the taps read: (start, extent, virtual size,
+        # offset, end of the taps) per axis
+        y0, x0 = int(grid[0, 0]), int(grid[0, 5])
+        y1, x1 = int(grid[0, 4]), int(grid[0, 9])
+        if (x0, y0, x1, y1) != (0, 0, w, h):
+            image = image.crop((x0, y0, x1, y1))
+            grid = grid.clone()
+            grid[0, [0, 4]] -= y0
+            grid[0, [5, 9]] -= x0
+        plain = as_op_image(image, self._hwc)
+        batch = OpImages([plain], self._hwc)
+        out = run(batch, grid, self.plan.flip_of(params, 1), out_size, self.options)[0]
+        return out, params
+
+    def _grid(self, sizes: Tensor, params: dict[str, Tensor], out_size: tuple[int, int]) -> Tensor:
         try:
-            grid = self.plan.grid(sizes, params, out_size)
+            return self.plan.grid(sizes, params, out_size)
         except NotExact as e:
             if self._fallback is not None:
                 raise _Unfusable from None
             raise ValueError(f"{type(self).__name__}: {e}") from None
+
+    def _run_one(
+        self, batch: OpImages, sizes: Tensor, params: dict[str, Tensor], out_size: tuple[int, int]
+    ) -> Tensor:
+        grid = self._grid(sizes, params, out_size)
         flips = self.plan.flip_of(params, 1)
         return run(batch, grid, flips, out_size, self.options)[0]
 
