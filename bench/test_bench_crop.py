@@ -74,7 +74,7 @@ def test_crop_torchfeed_fresh_output(benchmark, role, images):
 
     def fresh():
         boxes = torchfeed.sampling.sample_resized_crop_params(sizes, generator=g)
-        flips = torchfeed.transforms.sample_flips(BATCH, 0.5, g)
+        flips = torchfeed.sampling.sample_flips(BATCH, 0.5, g)
         return torchfeed.crop_flip_normalize(images, boxes, flips, 224, mean=MEAN, std=STD)
 
     benchmark(fresh)

@@ -14,7 +14,7 @@ from torchvision.io import ImageReadMode, decode_image, encode_jpeg
 import torchfeed.decode as tio
 import torchfeed.ops._jpeg as jpeg_op
 from torchfeed._pipeline_bench.dataset import synthetic_image
-from torchfeed.transforms import resized_crop_box
+from torchfeed.sampling import resized_crop_box
 
 BATCH = 64
 GROUP = "decode random crop, 64 JPEGs (CPU)"

@@ -238,9 +238,7 @@ def test_bad_inputs():
         t(PIL.Image.new("I;16", (10, 10)))
     with pytest.raises(TypeError, match="the sample holds no image"):
         t({"label": 3, "name": "x"})
-    with pytest.raises(
-        TypeError, match=r"images\[0\] must be uint8, got torch.float32"
-    ):
+    with pytest.raises(TypeError, match=r"images\[0\] must be uint8, got torch.float32"):
         t(torch.rand(3, 10, 10))
     with pytest.raises(
         ValueError, match=r"mean must have 1 or 3 values \(one per channel\), got 2"

@@ -184,13 +184,12 @@ class FusedTransform(v2.Transform):
         grid = self._grid(sizes, params, out_size)
         # the rows [y0, y1) and columns [x0, x1) the taps read: (start, extent, virtual size,
         # offset, end of the taps) per axis
-        y0, x0 = int(grid[0, 0]), int(grid[0, 5])
-        y1, x1 = int(grid[0, 4]), int(grid[0, 9])
+        row = grid[0].tolist()
+        y0, x0, y1, x1 = int(row[0]), int(row[5]), int(row[4]), int(row[9])
         if (x0, y0, x1, y1) != (0, 0, w, h):
             image = image.crop((x0, y0, x1, y1))
-            grid = grid.clone()
-            grid[0, [0, 4]] -= y0
-            grid[0, [5, 9]] -= x0
+            row[0], row[4], row[5], row[9] = row[0] - y0, row[4] - y0, row[5] - x0, row[9] - x0
+            grid = torch.tensor([row], dtype=torch.float64)
         plain = as_op_image(image, self._hwc)
         batch = OpImages([plain], self._hwc)
         out = run(batch, grid, self.plan.flip_of(params, 1), out_size, self.options)[0]
