@@ -3,6 +3,7 @@ sample agrees on what a field is."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -11,9 +12,65 @@ import torch
 from torch import Tensor
 from torch.utils.data import default_collate
 
-__all__ = ["collate_field", "field_kind", "private_collate"]
+__all__ = [
+    "LABEL_FIELDS",
+    "LABEL_PAD",
+    "as_sequences",
+    "collate_field",
+    "field_kind",
+    "is_sequence",
+    "private_collate",
+]
 
 _NUMBER = (bool, int, float, np.number, np.bool_)
+
+# Label fields of sequences are padded with the value the losses ignore (PyTorch's
+# ignore_index, Hugging Face's label_pad_token_id).
+LABEL_FIELDS = frozenset({"labels", "label_ids", "label"})
+LABEL_PAD = -100
+
+
+def is_sequence(value: Any) -> bool:
+    """Whether a field's value is a sequence, which an automatic PadCollate pads: a list or
+    tuple of numbers (what a tokenizer returns), or a 1-D tensor or array."""
+    if isinstance(value, Tensor | np.ndarray):
+        return value.ndim == 1
+    return isinstance(value, list | tuple) and all(isinstance(v, _NUMBER) for v in value)
+
+
+def as_sequences(key: Hashable | None, values: list) -> list[Tensor]:
+    """A ragged field's values as tensors: tensors as they are, numpy arrays wrapped, lists and
+    tuples of numbers converted as ``torch.tensor`` converts them (int64, float32 or bool), all
+    in the dtype the whole field converts to (an empty list takes the others' dtype, int64 when
+    every one is empty)."""
+    where = "" if key is None else f"field {key!r} of "
+    out: list[Any] = []
+    listed = []
+    for i, v in enumerate(values):
+        if isinstance(v, Tensor):
+            out.append(v)
+        elif isinstance(v, np.ndarray):
+            out.append(torch.from_numpy(v if v.flags.writeable else v.copy()))
+        elif isinstance(v, list | tuple):
+            if not is_sequence(v):
+                bad = next(x for x in v if not isinstance(x, _NUMBER))
+                raise TypeError(
+                    f"PadCollate: {where}sample {i} is a {type(v).__name__} holding a "
+                    f"{type(bad).__name__}, expected numbers (a list of token ids, say)"
+                )
+            out.append(torch.tensor(v) if v else None)
+            listed.append(i)
+        else:
+            raise TypeError(
+                f"PadCollate: {where}sample {i} is a {type(v).__name__}, expected a tensor, a "
+                "numpy array or a list of numbers for a ragged field"
+            )
+    if listed:
+        dtypes = [out[i].dtype for i in listed if out[i] is not None]
+        dtype = functools.reduce(torch.promote_types, dtypes) if dtypes else torch.int64
+        for i in listed:
+            out[i] = torch.empty(0, dtype=dtype) if out[i] is None else out[i].to(dtype)
+    return out
 
 
 def field_kind(value: Any) -> str:
@@ -87,8 +144,9 @@ def _explain_mismatch(key: Hashable, tensors: list[Tensor]) -> None:
                 f"field {key!r} has shape {list(ref.shape)} in sample 0 but "
                 f"{list(t.shape)} in sample {i}; name it in ragged= to pad it"
             )
-        if t.dtype != ref.dtype or t.device != ref.device:
-            raise TypeError(
-                f"field {key!r} is {ref.dtype} on {ref.device} in sample 0 but {t.dtype} on "
-                f"{t.device} in sample {i}"
+        if t.dtype != ref.dtype:
+            raise TypeError(f"field {key!r} is {ref.dtype} in sample 0 but {t.dtype} in sample {i}")
+        if t.device != ref.device:
+            raise ValueError(
+                f"field {key!r} is on {ref.device} in sample 0 but on {t.device} in sample {i}"
             )

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import copy
 import numbers
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import torch
 from torch import Tensor
 from torch.utils.data import get_worker_info
 
-from torchfeed.collate._fields import collate_field
+from torchfeed.collate._fields import (
+    LABEL_FIELDS,
+    LABEL_PAD,
+    as_sequences,
+    collate_field,
+    is_sequence,
+)
+from torchfeed.collate._tokenizer import FlatteningCollate, TokenizerCollate
 from torchfeed.memory import SharedRing
 from torchfeed.ops._pad import PadOptions, PadValue, Side, pad_with
 from torchfeed.ragged import RaggedBatch
@@ -26,22 +31,32 @@ class PadCollate:
     """Collates a list of samples into a batch, padding the ragged fields in one pass each.
 
     Samples are dicts (keys are field names), tuples/lists (keys are positions), or bare
-    tensors (all ragged). Per field:
+    tensors (all ragged). A ragged field's values are tensors ``[n_i, *feat]``, numpy arrays or
+    lists of numbers (what a tokenizer returns). Which fields are ragged:
 
-    - a field named in ``ragged`` (tensors ``[n_i, *feat]``): padded to ``[B, L, *feat]`` with
-      its own pad value (``ragged={"input_ids": 0, "labels": -100}``, or a list of names that
-      all use ``pad_value``); for dict samples its mask goes under ``masks[name]`` (default
-      ``f"{name}_mask"``, ``None`` to leave it out) and its lengths under ``lengths[name]``
-      (default ``f"{name}_lengths"``). For tuple samples the field becomes a
-      :class:`~torchfeed.Padded` ``(padded, mask, lengths)``. With ``packed=True`` it becomes a
-      :class:`~torchfeed.RaggedBatch` instead, with no padding at all.
-    - other tensors and numpy arrays: stacked (as ``default_collate`` does); shapes must agree.
+    - ``ragged=None`` (the default, as ``default_collate`` is called with no arguments): every
+      field whose values are sequences, decided from what the field is, never from one batch's
+      lengths: lists or tuples of numbers, and 1-D tensors or arrays. A field of such values is
+      padded, with its mask, in every batch, even one whose lengths happen to be equal. Fields
+      named ``labels``, ``label_ids`` or ``label`` are padded with -100 (what the losses
+      ignore), the others with ``pad_value``.
+    - ``ragged`` given: exactly those fields, each with its own pad value
+      (``ragged={"input_ids": 0, "labels": -100}``, or a list of names that all use
+      ``pad_value``).
+
+    A ragged field becomes ``[B, L, *feat]``; for dict samples its mask goes under
+    ``masks[name]`` (default ``f"{name}_mask"``, ``None`` to leave it out) and its lengths under
+    ``lengths[name]`` (default ``f"{name}_lengths"``). For tuple samples the field becomes a
+    :class:`~torchfeed.Padded` ``(padded, mask, lengths)``. With ``packed=True`` it becomes a
+    :class:`~torchfeed.RaggedBatch` instead, with no padding at all. Every other field:
+
+    - tensors and numpy arrays: stacked (as ``default_collate`` does); shapes must agree.
     - numbers: to a tensor (bool, int64, float64, like ``default_collate``).
     - strings and any other object: kept as a list.
 
     Padding options (``padding_side``, ``pad_to_multiple_of``, ``max_length``,
     ``truncation_side``) apply to every ragged field. Picklable, so it runs in DataLoader
-    workers.
+    workers. :meth:`from_tokenizer` gives the collate of a Hugging Face tokenizer's outputs.
     """
 
     def __init__(
@@ -60,6 +75,7 @@ class PadCollate:
     ) -> None:
         # a torchfeed.SharedRing: inside DataLoader workers, batches are collated into it
         self.shared_ring = shared_ring
+        self.auto = ragged is None  # the ragged fields found from what each field is
         if ragged is None:
             self.ragged: dict[Key, PadValue] = {}
         elif isinstance(ragged, Mapping):
@@ -79,8 +95,10 @@ class PadCollate:
         if isinstance(pad_value, Tensor) or not isinstance(pad_value, numbers.Number):
             raise TypeError(f"pad_value must be a number, got {type(pad_value).__name__}")
         self.pad_value = pad_value
-        self.masks = self._names("masks", masks, "_mask")
-        self.lengths = self._names("lengths", lengths, "_lengths")
+        self._given_masks = self._check_names("masks", masks)
+        self._given_lengths = self._check_names("lengths", lengths)
+        self.masks = self._names(self.ragged, self._given_masks, "_mask")
+        self.lengths = self._names(self.ragged, self._given_lengths, "_lengths")
         if not isinstance(packed, bool):
             raise TypeError(f"packed must be a bool, got {type(packed).__name__}")
         if packed:
@@ -103,14 +121,42 @@ class PadCollate:
         self.truncation_side: Side = truncation_side or "right"
         self.pad_to_multiple_of = pad_to_multiple_of
         self.max_length = max_length
-        # One options value per ragged field (each has its own pad value; None: bare tensors),
-        # validated here, once.
-        self.options = {
-            key: PadOptions(
-                value, self.padding_side, pad_to_multiple_of, max_length, self.truncation_side
-            )
-            for key, value in [*self.ragged.items(), (None, pad_value)]
-        }
+        # One options value per pad value, validated once (here, or for a pad value first met in
+        # a batch, then kept).
+        self._options: dict[Any, PadOptions] = {}
+        for value in [*self.ragged.values(), pad_value, LABEL_PAD]:
+            self._options_for(value)
+
+    @classmethod
+    def from_tokenizer(
+        cls,
+        tokenizer: Any,
+        *,
+        pad_to_multiple_of: int | None = None,
+        label_pad: int = LABEL_PAD,
+        packed: bool = False,
+        flash_attn_kwargs: bool = True,
+    ) -> TokenizerCollate | FlatteningCollate:
+        """The collate of a Hugging Face tokenizer's outputs (duck-typed: ``pad_token_id``,
+        ``padding_side``, ``pad_token_type_id``, ``model_input_names``), with transformers'
+        keys, dtypes, padding and masks:
+
+        - ``packed=False``: ``DataCollatorWithPadding`` (``input_ids`` padded with the pad token,
+          ``attention_mask``, ``token_type_ids``, ``special_tokens_mask``, ``label`` renamed
+          ``labels``), and sequence labels padded with ``label_pad`` as
+          ``DataCollatorForSeq2Seq`` pads them (:class:`TokenizerCollate`);
+        - ``packed=True``: ``DataCollatorWithFlattening`` (one ``[1, T]`` row of the samples'
+          tokens, ``position_ids`` restarting at 0, ``labels`` with -100 at each sample's first
+          token; ``cu_seq_lens_q/k`` and ``max_length_q/k`` with ``flash_attn_kwargs``)
+          (:class:`FlatteningCollate`).
+        """
+        if not isinstance(packed, bool):
+            raise TypeError(f"packed must be a bool, got {type(packed).__name__}")
+        if packed:
+            if pad_to_multiple_of is not None:
+                raise ValueError("pad_to_multiple_of has no effect with packed=True (no padding)")
+            return FlatteningCollate(tokenizer, label_pad, flash_attn_kwargs)
+        return TokenizerCollate(tokenizer, pad_to_multiple_of, label_pad)
 
     def with_shared_ring(self, shared_ring: SharedRing | None) -> PadCollate:
         """A copy of this collate that packs its batches into ``shared_ring`` inside DataLoader
@@ -119,24 +165,58 @@ class PadCollate:
         bound.shared_ring = shared_ring
         return bound
 
-    def _names(self, arg: str, given: Mapping[Key, str | None] | None, suffix: str):
+    def _check_names(
+        self, arg: str, given: Mapping[Key, str | None] | None
+    ) -> dict[Key, str | None]:
         given = dict(given or {})
-        unknown = [k for k in given if k not in self.ragged]
-        if unknown:
-            raise ValueError(
-                f"{arg} names field(s) {unknown} that are not in ragged={list(self.ragged)}"
-            )
-        names = {}
-        for key in self.ragged:
-            name = given.get(key, f"{key}{suffix}" if isinstance(key, str) else None)
+        if not self.auto:
+            unknown = [k for k in given if k not in self.ragged]
+            if unknown:
+                raise ValueError(
+                    f"{arg} names field(s) {unknown} that are not in ragged={list(self.ragged)}"
+                )
+        for key, name in given.items():
             if name is not None and not isinstance(name, str):
                 raise TypeError(f"{arg}[{key!r}] must be a str or None, got {type(name).__name__}")
-            names[key] = name
-        return names
+        return given
+
+    @staticmethod
+    def _names(fields: Any, given: dict[Key, str | None], suffix: str) -> dict[Key, str | None]:
+        return {
+            key: given.get(key, f"{key}{suffix}" if isinstance(key, str) else None)
+            for key in fields
+        }
+
+    def _options_for(self, pad_value: PadValue) -> PadOptions:
+        key = (type(pad_value), pad_value)
+        options = self._options.get(key)
+        if options is None:
+            options = PadOptions(
+                pad_value,
+                self.padding_side,
+                self.pad_to_multiple_of,
+                self.max_length,
+                self.truncation_side,
+            )
+            self._options[key] = options
+        return options
+
+    def _pad_value(self, key: Key | None) -> PadValue:
+        if key in self.ragged:
+            return self.ragged[key]
+        return LABEL_PAD if self.auto and key in LABEL_FIELDS else self.pad_value
+
+    def _ragged_keys(self, keys: Sequence[Key], values: Callable[[Key], list]) -> list[Key]:
+        """The ragged fields of a batch: the given ones, or (auto) those whose values are
+        sequences (sample 0's value decides; every sample must agree on the kind)."""
+        if not self.auto:
+            return [k for k in keys if k in self.ragged]
+        return [k for k in keys if is_sequence(values(k)[0])]
 
     def __repr__(self) -> str:
+        ragged = "auto" if self.auto else self.ragged
         return (
-            f"PadCollate(ragged={self.ragged}, padding_side={self.padding_side!r}, "
+            f"PadCollate(ragged={ragged}, padding_side={self.padding_side!r}, "
             f"pad_to_multiple_of={self.pad_to_multiple_of}, max_length={self.max_length}, "
             f"truncation_side={self.truncation_side!r}, packed={self.packed})"
         )
@@ -191,10 +271,15 @@ class PadCollate:
         absent = [k for k in self.ragged if k not in key_set]
         if absent:
             raise ValueError(f"PadCollate: ragged field(s) {absent} are not in the samples {keys}")
+        ragged = set(self._ragged_keys(keys, lambda k: [s[k] for s in batch]))
+        masks = self.masks if not self.auto else self._names(ragged, self._given_masks, "_mask")
+        lengths = (
+            self.lengths if not self.auto else self._names(ragged, self._given_lengths, "_lengths")
+        )
         out: dict = {}
         for key in keys:
             values = [sample[key] for sample in batch]
-            if key not in self.ragged:
+            if key not in ragged:
                 out[key] = collate_field(key, values, private)
                 continue
             result = self._ragged_field(key, values)
@@ -202,10 +287,7 @@ class PadCollate:
                 out[key] = result
                 continue
             out[key] = result.padded
-            for extra_name, tensor in (
-                (self.masks[key], result.mask),
-                (self.lengths[key], result.lengths),
-            ):
+            for extra_name, tensor in ((masks[key], result.mask), (lengths[key], result.lengths)):
                 if extra_name is None:
                     continue
                 if extra_name in key_set or extra_name in out:
@@ -228,10 +310,11 @@ class PadCollate:
             raise ValueError(
                 f"PadCollate: ragged positions {bad} do not exist in samples of {width} fields"
             )
+        ragged = set(self._ragged_keys(range(width), lambda j: [s[j] for s in batch]))  # type: ignore[call-overload]
         fields = []
         for j in range(width):
             values = [sample[j] for sample in batch]
-            if j in self.ragged:
+            if j in ragged:
                 fields.append(self._ragged_field(j, values))
             else:
                 fields.append(collate_field(j, values, private))
@@ -241,22 +324,14 @@ class PadCollate:
         return type(sample)(fields) if isinstance(sample, tuple) else fields
 
     def _ragged_field(self, key: Key | None, values: list):
-        where = "" if key is None else f"field {key!r} of "
-        for i, v in enumerate(values):
-            if isinstance(v, np.ndarray):
-                values[i] = torch.from_numpy(v)
-            elif not isinstance(v, Tensor):
-                raise TypeError(
-                    f"PadCollate: {where}sample {i} is a {type(v).__name__}, expected a tensor "
-                    "(or numpy array) for a ragged field; convert it in the dataset"
-                )
+        values = as_sequences(key, values)
         if self.packed:
             batch = RaggedBatch.from_sequences(values)
             if self.max_length is not None:
                 batch = batch.truncate(self.max_length, self.truncation_side)
             return batch
         try:
-            return pad_with(values, self.options[key])
+            return pad_with(values, self._options_for(self._pad_value(key)))
         except (TypeError, ValueError) as e:  # the op's words, with the field they are about
             field = "" if key is None else f"field {key!r}: "
             raise type(e)(f"PadCollate: {field}{e}") from None
