@@ -66,13 +66,19 @@ def tail() -> list:
     ]
 
 
+def rrc():
+    return v2.RandomResizedCrop(224)
+
+
 PIPELINES = {
-    "torchvision, ToImage first": lambda: v2.Compose([v2.ToImage(), v2.RandomResizedCrop(224), *tail()]),
-    "torchvision, PIL resize": lambda: v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.ToImage(), *tail()[1:]]),
-    "torchvision": lambda: v2.Compose([v2.RandomResizedCrop(224), *tail()]),
+    "torchvision, ToImage first": lambda: v2.Compose([v2.ToImage(), rrc(), *tail()]),
+    "torchvision, PIL resize": lambda: v2.Compose(
+        [rrc(), v2.RandomHorizontalFlip(), v2.ToImage(), *tail()[1:]]
+    ),
+    "torchvision": lambda: v2.Compose([rrc(), *tail()]),
     "torchfeed": lambda: torchfeed.RandomResizedCropFlipNormalize(224, mean=MEAN, std=STD),
-    "torchfeed fused Compose": lambda: torchfeed.fuse(v2.Compose([v2.RandomResizedCrop(224), *tail()])),
-}  # fmt: skip
+    "torchfeed fused Compose": lambda: torchfeed.fuse(v2.Compose([rrc(), *tail()])),
+}
 ROLES = {"torchvision, ToImage first": "baseline", "torchvision": "baseline"}
 
 
