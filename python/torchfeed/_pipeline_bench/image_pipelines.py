@@ -4,6 +4,8 @@ timings in ``stages``), on the same files in the same order:
 - baseline (the usual practice): workers read, decode and apply torchvision v2
   RandomResizedCrop + flip + ToDtype + Normalize per image; ``default_collate``;
   ``pin_memory=True`` on a GPU machine; ``.to(device)``;
+- the one-line change: the baseline with its Compose passed through ``torchfeed.fuse`` (the same
+  steps, one fused pass per sample in the workers);
 - torchfeed: workers only read and decode (uint8, any size); a ragged uint8 collate
   (``ImageCollate``, one shared-memory buffer); ``DevicePrefetcher`` with the pinned ring; the
   fused per-image crop/flip/resize/normalize on the device (on a CPU-only machine, in the
@@ -33,7 +35,7 @@ from torchfeed.data import SkipCorrupt
 from torchfeed.decode import DecodeRandomCrop
 from torchfeed.loaders import loader as zc_loader
 from torchfeed.prefetch import DevicePrefetcher
-from torchfeed.transforms import RandomResizedCropFlipNormalize, ResizeRandomFlipNormalize
+from torchfeed.transforms import RandomResizedCropFlipNormalize, ResizeRandomFlipNormalize, fuse
 
 __all__ = [
     "BASELINE",
@@ -57,6 +59,7 @@ ZERO_COPY_WORKERS = "images: torchfeed zero-copy, fused in workers"
 WINDOW = "images: torchfeed zero-copy + crop-window decode"
 WINDOW_WORKERS = WINDOW + ", fused in workers"
 GPU_DECODE = "images: torchfeed + GPU decode"
+FUSED_COMPOSE = "images: your torchvision pipeline fused (torchfeed.fuse, per sample)"
 
 
 def torchvision_transform() -> v2.Compose:
@@ -156,6 +159,13 @@ def make_pipelines(
         dl = loader(ds, batch_size, workers, pin_memory=gpu)
         return _Moved(dl, device)
 
+    def fused_compose():
+        # the one-line change: the baseline's own torchvision Compose, fused, per sample in the
+        # workers, everything else as the baseline has it
+        ds = skipped.track(FileDataset(files, labels, fuse(torchvision_transform())))
+        dl = loader(ds, batch_size, workers, pin_memory=gpu)
+        return _Moved(dl, device)
+
     def prefetched(dl, t):  # the fused transform in the prefetcher
         return DevicePrefetcher(dl, device, transform=lambda b: (t(b[0]), b[1]))
 
@@ -196,6 +206,7 @@ def make_pipelines(
         )
 
     pipelines[BASELINE] = baseline
+    pipelines[FUSED_COMPOSE] = fused_compose
     pipelines[TORCHFEED] = ours
     if workers > 0:
         pipelines[ZERO_COPY] = zero_copy
