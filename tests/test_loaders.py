@@ -89,7 +89,7 @@ def test_map_style_resume_on_the_same_world_is_the_uninterrupted_run(workers):
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2), (2, 1)])
-def test_map_style_elastic_resume_reads_the_rest_exactly_once(before, after):
+def test_map_style_elastic_resume_reads_the_rest_in_lockstep(before, after):
     loaders = map_loaders(before)
     head, its = lockstep(loaders, steps=4)
     state = loaders[1].state_dict()  # any rank's checkpoint describes every rank
@@ -97,10 +97,14 @@ def test_map_style_elastic_resume_reads_the_rest_exactly_once(before, after):
     resumed = map_loaders(after)
     for dl in resumed:
         dl.load_state_dict(state)
+    assert len({len(dl) for dl in resumed}) == 1  # every rank the same number of batches
     tail, _ = lockstep(resumed)
     read = [i for part in head + tail for i, _ in part]
     full, _ = lockstep(map_loaders(before))
-    assert sorted(read) == sorted(i for part in full for i, _ in part)
+    # drop_last=False: every sample read; torch's padding of the fresh epoch and the resumed
+    # one's (the rest's first samples again) are the only repeats
+    assert set(read) == {i for part in full for i, _ in part}
+    assert len(read) - len(set(read)) < before + after
     augment = {i: a for part in full for i, a in part}
     assert all(augment[i] == a for part in tail for i, a in part)  # the sample's own draw
     # the next epoch is a fresh, balanced plan on the new world
@@ -174,19 +178,22 @@ def test_iterable_resume_on_the_same_world_is_the_uninterrupted_run(mode, worker
 @pytest.mark.parametrize(
     ("before", "after"), [((2, 2), (3, 2)), ((3, 2), (2, 2)), ((2, 2), (2, 1))]
 )
-def test_iterable_elastic_resume_reads_the_rest_exactly_once(mode, before, after, monkeypatch):
+def test_iterable_elastic_resume_reads_the_rest_in_lockstep(mode, before, after, monkeypatch):
     full, _, _ = run_ranks(before[0], before[1], mode, monkeypatch=monkeypatch)
     head, loaders, its = run_ranks(before[0], before[1], mode, steps=3, monkeypatch=monkeypatch)
     state = loaders[-1].state_dict()
     del its
     tail, _, _ = run_ranks(after[0], after[1], mode, state=state, monkeypatch=monkeypatch)
     key = lambda s: s[:2]  # noqa: E731  (item, sample within it)
-    read = sorted(key(s) for part in head + tail for s in part)
-    assert read == sorted(key(s) for part in full for s in part)
+    read = [key(s) for part in head + tail for s in part]
+    # uneven="drop": nothing twice, and of the rest at most one sample per consumer left out
+    assert len(read) == len(set(read))
+    planned = {key(s) for part in full for s in part}
+    assert set(read) <= planned and len(planned) - len(read) < after[0] * after[1]
     augment = {key(s): s[2] for part in full for s in part}
     assert all(augment[key(s)] == s[2] for part in tail for s in part)
     counts = [len(p) for p in tail]
-    assert max(counts) - min(counts) <= after[1] * 1  # within one sample per consumer
+    assert len(set(counts)) == 1  # every rank the same number of samples (and batches)
 
 
 def test_a_checkpoint_needs_streams_of_known_length():

@@ -211,7 +211,7 @@ def test_bad_configuration(kwargs, error, match):
         (PadCollate(), [{"a": 1}, {"b": 1}], ValueError, r"sample 1 has different fields .*missing \['a'\], extra \['b'\]"),
         (PadCollate(["x"]), [{"a": 1}], ValueError, r"ragged field\(s\) \['x'\] are not in the samples"),
         (PadCollate(["a"]), [{"a": torch.arange(2)}, {"a": ["x", "y"]}], TypeError, "field 'a' of sample 1 is a list holding a str, expected numbers"),
-        (PadCollate(["a"]), [{"a": torch.arange(2)}, {"a": 3}], TypeError, "field 'a' of sample 1 is a int, expected a tensor, a numpy array or a list of numbers"),
+        (PadCollate(["a"]), [{"a": torch.arange(2)}, {"a": 3}], TypeError, "field 'a' is a Tensor in sample 0 but a int in sample 1, expected a tensor, a numpy array or a list of numbers"),
         # 2-D tensors are stacked unless named in ragged=: shapes, dtypes and devices must agree
         (PadCollate(), [{"a": torch.ones(2, 3)}, {"a": torch.ones(3, 3)}], ValueError, r"field 'a' has shape \[2, 3\] in sample 0 but \[3, 3\] in sample 1; name it in ragged="),
         (PadCollate(), [{"a": torch.ones(2, 2)}, {"a": torch.ones(2, 2, dtype=torch.int64)}], TypeError, "field 'a' is torch.float32 in sample 0 but torch.int64 in sample 1"),
@@ -219,7 +219,7 @@ def test_bad_configuration(kwargs, error, match):
         (PadCollate(), [{"a": torch.ones(1, 2)}, {"a": torch.ones(2)}], ValueError, r"field 'a' has shape \[1, 2\] in sample 0 but \[2\] in sample 1"),
         (PadCollate(), [{"a": torch.ones(2, 2)}, {"a": 3}], TypeError, "field 'a' is a tensor in sample 0 but a int in sample 1"),
         # a 1-D field is a sequence (padded): a sample that is not one is named
-        (PadCollate(), [{"a": torch.ones(2)}, {"a": 3}], TypeError, "field 'a' of sample 1 is a int, expected a tensor"),
+        (PadCollate(), [{"a": torch.ones(2)}, {"a": 3}], TypeError, "field 'a' is a Tensor in sample 0 but a int in sample 1, expected a tensor"),
         (PadCollate(), [{"a": torch.ones(2)}, {"a": torch.ones(2, dtype=torch.int64)}], TypeError, r"field 'a': pad_list: sequences\[1\] has dtype torch.int64 but sequences\[0\] has torch.float32"),
         (PadCollate(["a"]), [{"a": torch.arange(2), "a_mask": 1}], ValueError, "output name 'a_mask' for field 'a' collides"),
         (PadCollate({"a": -1}), [{"a": torch.arange(2, dtype=torch.uint8)}], ValueError, "PadCollate: field 'a': pad_list: pad_value=-1 is not representable in torch.uint8"),

@@ -1,8 +1,9 @@
-"""One rank of a torchrun job for tests/data/test_resume_torchrun.py: reads an epoch through
+"""One rank of a torchrun job for tests/test_loaders_torchrun.py: reads an epoch through
 torchfeed.loader over a ShardedIterableDataset (or a map-style dataset with DistributedSampler),
-2 workers, in lockstep with the other ranks (one all_reduce per step, as a DDP step would), and
-records what it read; saves its loader's checkpoint every `every` steps; stops, crashes
-(SIGKILL) or resumes as told.
+2 workers, as a DDP training loop does (one all_reduce per batch: a rank with a batch more than
+the others waits in it until the process group's timeout fails the job), and records what it
+read; saves its loader's checkpoint every `every` steps; stops, crashes (SIGKILL) or resumes as
+told.
 
     dist_resume.py OUT KIND ACTION [--every N] [--stop N] [--crash N] [--resume FILE]
 """
@@ -10,6 +11,7 @@ records what it read; saves its loader's checkpoint every `every` steps; stops, 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import signal
@@ -67,29 +69,30 @@ def main() -> None:
     p.add_argument("--crash", type=int, default=-1)
     p.add_argument("--resume", default=None)
     args = p.parse_args()
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out)
     loader = build(args.kind, EPOCH)
     if args.resume:
         loader.load_state_dict(torch.load(args.resume, weights_only=False))
     log = (out / f"seen-{args.tag}-rank{rank}.jsonl").open("w", buffering=1)  # line by line:
-    it, step = iter(loader), 0  # what a rank read survives its being killed
-    while step != args.stop:
-        batch = next(it, None)
-        alive = torch.tensor([batch is not None], dtype=torch.int64)
-        dist.all_reduce(alive)  # the step: every rank takes part while any has data
-        if int(alive) == 0:
+    step = 0  # what a rank read survives its being killed
+    for batch in loader:
+        if step == args.stop:
             break
+        dist.all_reduce(torch.ones(1))  # the step's gradient all-reduce: every rank must come
         step += 1
-        if batch is not None:
-            for k, a in batch:
-                log.write(json.dumps([step, k, a]) + "\n")
+        for k, a in batch:
+            log.write(json.dumps([step, k, a]) + "\n")
         if args.every and step % args.every == 0:
             torch.save(loader.state_dict(), out / f"ckpt-{args.tag}-rank{rank}.pt")
             (out / f"ckpt-{args.tag}-rank{rank}.step").write_text(str(step))
         if step == args.crash and rank == world - 1:
             os.kill(os.getpid(), signal.SIGKILL)  # preempted: no cleanup, no goodbye
+    steps = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(steps, torch.tensor([step]))
+    if rank == 0:
+        (out / f"steps-{args.tag}.json").write_text(json.dumps([int(s) for s in steps]))
     log.close()
     # the next epoch on this world: its batches per rank (balanced again)
     nxt = build(args.kind, EPOCH + 1)

@@ -61,9 +61,14 @@ def as_sequences(key: Hashable | None, values: list) -> list[Tensor]:
             out.append(torch.tensor(v) if v else None)
             listed.append(i)
         else:
+            expected = "a tensor, a numpy array or a list of numbers for a ragged field"
+            if i == 0 or key is None:
+                raise TypeError(
+                    f"PadCollate: {where}sample {i} is a {type(v).__name__}, expected {expected}"
+                )
             raise TypeError(
-                f"PadCollate: {where}sample {i} is a {type(v).__name__}, expected a tensor, a "
-                "numpy array or a list of numbers for a ragged field"
+                f"PadCollate: field {key!r} is a {type(values[0]).__name__} in sample 0 but a "
+                f"{type(v).__name__} in sample {i}, expected {expected}"
             )
     if listed:
         dtypes = [out[i].dtype for i in listed if out[i] is not None]

@@ -5,9 +5,13 @@ An epoch's items (samples, or shards of known length) are shuffled and dealt out
 consumers. A plan gives each consumer a list of segments ``(item position, first sample, end
 sample)``; its stream is the samples of its segments in order. A checkpoint records how many
 samples of its stream each consumer had consumed. Resuming on the same consumers skips them, so
-the run continues exactly as if never stopped. Resuming on other consumers (elastic) puts the
-samples not yet consumed, in order, into balanced shares: each is read exactly once, none twice,
-and the shares differ by at most one sample. The next epoch is a fresh, balanced plan again.
+the run continues exactly as if never stopped. Resuming on other consumers (elastic) deals the
+samples not yet consumed, in order, into shares of EQUAL length, so that every rank yields the
+same number of batches (under DDP a rank with one batch more waits forever in its all-reduce):
+with ``uneven="pad"`` the shortfall is made up by repeating the first samples of the rest (as
+torch's DistributedSampler pads), with ``"drop"`` the last ``rest % consumers`` samples of the
+rest are left out of the resumed epoch. Every other sample is read exactly once. The next epoch
+is a fresh plan again.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class EpochPlan:
 
     lengths: list[int]
     shares: list[list[Segment]]
+    uneven: Literal["drop", "pad"] = "drop"
 
     @classmethod
     def fresh(
@@ -68,7 +73,7 @@ class EpochPlan:
             [(p, 0, lengths[p]) for p in split_for_consumer(positions, c, consumers, uneven)]
             for c in range(consumers)
         ]
-        return cls(list(lengths), shares)
+        return cls(list(lengths), shares, uneven)
 
     @property
     def consumers(self) -> int:
@@ -95,18 +100,21 @@ class EpochPlan:
 
     def resumed(self, consumed: Sequence[int], consumers: int) -> EpochPlan:
         """The plan of the rest of the epoch on ``consumers`` consumers, after each of this
-        plan's consumed ``consumed[c]`` samples: everything not consumed, exactly once, in
-        balanced shares (sizes differ by at most one sample)."""
+        plan's consumed ``consumed[c]`` samples: everything not consumed, in order, in shares of
+        equal length (``uneven``: the rest padded by repeating its first samples, or cut)."""
         if len(consumed) != self.consumers:
             raise ValueError(
                 f"consumed has {len(consumed)} entries for a plan of {self.consumers} consumers"
             )
         rest = [s for c in range(self.consumers) for s in self.remaining(c, consumed[c])]
         total = sum(end - start for _, start, end in rest)
+        share = -(-total // consumers) if self.uneven == "pad" else total // consumers
+        if total and share * consumers > total:  # pad: the first samples of the rest, again
+            rest = rest + _first_samples(rest, share * consumers - total)
         shares: list[list[Segment]] = [[] for _ in range(consumers)]
         cursor = 0
         for c in range(consumers):
-            want = total // consumers + (1 if c < total % consumers else 0)
+            want = share
             while want > 0:
                 position, start, end = rest[cursor]
                 take = min(want, end - start)
@@ -116,4 +124,19 @@ class EpochPlan:
                     cursor += 1
                 else:
                     rest[cursor] = (position, start + take, end)
-        return EpochPlan(self.lengths, shares)
+        return EpochPlan(self.lengths, shares, self.uneven)
+
+
+def _first_samples(segments: list[Segment], count: int) -> list[Segment]:
+    """The first ``count`` samples of ``segments``, as segments (repeated from the start when
+    ``segments`` hold fewer)."""
+    out: list[Segment] = []
+    while count > 0:
+        for position, start, end in segments:
+            take = min(count, end - start)
+            if take > 0:
+                out.append((position, start, start + take))
+                count -= take
+            if count == 0:
+                break
+    return out

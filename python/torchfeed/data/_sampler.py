@@ -25,9 +25,12 @@ class DistributedSampler(Sampler[int]):
     Checkpoints: ``torchfeed.loader`` saves the position with its ``state_dict`` (ranks advance
     in lockstep, so any rank's checkpoint describes every rank); inside torchdata's
     ``StatefulDataLoader``, :meth:`state_dict` / :meth:`load_state_dict` are this rank's. On the
-    same world size the epoch continues as if never stopped; on another, every index not yet
-    consumed this epoch is read exactly once (shares within one index of each other), and the
-    next epoch is balanced again.
+    same world size the epoch continues as if never stopped; on another, the indices not yet
+    consumed this epoch are dealt out again in shares of equal length, so that every rank yields
+    the same number of batches (under DDP an extra batch on one rank is a hang): with
+    ``drop_last=False`` the shortfall is made up by repeating the first indices of the rest (as
+    torch pads an epoch), with ``drop_last=True`` the last ``rest % num_replicas`` are left out;
+    every other index is read exactly once. The next epoch is a fresh plan again.
     """
 
     def __init__(

@@ -52,9 +52,13 @@ class ShardedIterableDataset(IterableDataset):
     Checkpoints: ``torchfeed.loader`` (and ``ZeroCopyLoader``) save and restore this dataset's
     position with their own ``state_dict``; inside torchdata's ``StatefulDataLoader`` each
     worker's copy saves its own (:meth:`state_dict`, :meth:`load_state_dict`). Resuming with the
-    same world size and workers continues the epoch as if never stopped; with others, every
-    sample not yet consumed in the epoch is read exactly once (shares within one sample of
-    each other) and the next epoch is balanced again.
+    same world size and workers continues the epoch as if never stopped; with others, the
+    samples not yet consumed in the epoch are dealt out in streams of equal length, so that
+    every rank yields the same number of batches: ``uneven="pad"`` repeats the first samples of
+    the rest to make up the shortfall, ``"drop"`` leaves out the rest's last ``rest %
+    consumers``; every other sample is read exactly once. The next epoch is a fresh plan again.
+    A fresh epoch of shards of unequal lengths gives consumers unequal streams: set
+    ``samples_per_epoch`` for lockstep ranks then.
 
     ``set_epoch`` reaches persistent workers too: the epoch lives in shared memory.
     """
@@ -154,9 +158,15 @@ class ShardedIterableDataset(IterableDataset):
         plan = EpochPlan.fresh(lengths, resume["history"][0][0], self.uneven)
         for count, consumed in resume["history"][1:]:
             plan = plan.resumed(consumed, count)
-        if plan.consumers != consumers:  # elastic: the rest of the epoch, shared out afresh
+        if not self._same_shape(resume, consumers):  # elastic: the rest, dealt out afresh
             plan = plan.resumed(resume["consumed"], consumers)
         return plan
+
+    @staticmethod
+    def _same_shape(resume: dict[str, Any], consumers: int) -> bool:
+        """Whether a checkpoint's consumers are this iteration's: the same ranks and workers
+        (the same count over another world is another mapping of consumers to ranks)."""
+        return resume["consumers"] == consumers and resume["world"] == rank_and_world_size()[1]
 
     def consumer_items(self) -> list[Any]:
         """The items this (rank, worker) reads this epoch (from the start)."""
@@ -216,7 +226,7 @@ class ShardedIterableDataset(IterableDataset):
         )
         base = (
             list(resume["consumed"])
-            if resume and resume["consumers"] == consumers
+            if resume and self._same_shape(resume, consumers)
             else [0] * consumers
         )
         if self.samples_per_epoch is not None:
@@ -237,7 +247,7 @@ class ShardedIterableDataset(IterableDataset):
             if self._resume is not None and self._resume["epoch"] == self.epoch
             else None
         )
-        if resume is None or resume["consumers"] != consumers:
+        if resume is None or not self._same_shape(resume, consumers):
             return 0
         return int(resume.get("rotation", 0))
 
@@ -257,12 +267,12 @@ class ShardedIterableDataset(IterableDataset):
             self._resume if self._resume is not None and self._resume["epoch"] == epoch else None
         )
         skip = 0
-        if resume is not None and resume["consumers"] == consumers:
+        if resume is not None and self._same_shape(resume, consumers):
             skip = resume["consumed"][consumer]
         self._yielded = skip
         order = self._order(epoch)
         if self.samples_per_epoch is not None or self._lengths(order) is None:
-            if resume is not None and resume["consumers"] != consumers:
+            if resume is not None and not self._same_shape(resume, consumers):
                 raise ValueError(
                     "ShardedIterableDataset: resuming on another number of consumers "
                     f"({resume['consumers']} -> {consumers}) needs streams of known length: "
@@ -279,7 +289,7 @@ class ShardedIterableDataset(IterableDataset):
             assert plan is not None
             segments = (
                 plan.remaining(consumer, skip)
-                if resume and resume["consumers"] == consumers
+                if resume and self._same_shape(resume, consumers)
                 else plan.shares[consumer]
             )
             source = (s for p, a, b in segments for s in self._segment(epoch, order[p], a, b))
@@ -332,7 +342,7 @@ class ShardedIterableDataset(IterableDataset):
             else None
         )
         history = list(resume["history"]) if resume else [[consumers, []]]
-        if resume and resume["consumers"] != consumers:  # this epoch was resumed elastically
+        if resume and not self._same_shape(resume, consumers):  # resumed elastically
             history.append([consumers, list(resume["consumed"])])
         return {
             "kind": "ShardedIterableDataset",
@@ -340,6 +350,7 @@ class ShardedIterableDataset(IterableDataset):
             "items": len(self.items),
             "seed": self.seed,
             "consumers": consumers,
+            "world": rank_and_world_size()[1],
             "consumed": [int(n) for n in consumed],
             "rotation": int(rotation),
             "history": history,
