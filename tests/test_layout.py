@@ -27,6 +27,7 @@ PUBLIC = {
     "torchfeed.collate": {"ImageCollate", "PadCollate"},
     "torchfeed.data": {
         "DistributedSampler",
+        "SeedPerSample",
         "SerializedList",
         "ShardedIterableDataset",
         "SkipCorrupt",

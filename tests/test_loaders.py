@@ -336,3 +336,61 @@ def test_inside_torchdatas_stateful_dataloader(workers):
         again = make()
         again.load_state_dict(state)
         assert head + list(again) == full, make.__name__
+
+
+# The failure cases peers' trackers report (LitData #694 and #24, Mosaic streaming #869).
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("after_stop", [False, True])
+def test_a_checkpoint_at_the_end_of_an_epoch_resumes_with_nothing_of_it_left(workers, after_stop):
+    """Taken after the epoch's last batch (before or after the iterator ended): the resumed
+    epoch is empty, the next one is whole, nothing twice."""
+    loaders = map_loaders(2, workers=workers)
+    seen, its = lockstep(loaders)
+    if after_stop:
+        for it in its:
+            assert next(it, None) is None  # the iterator has ended (the epoch is done)
+    state = loaders[0].state_dict()
+    resumed = map_loaders(2, workers=workers)
+    for dl in resumed:
+        dl.load_state_dict(state)
+    tail, _ = lockstep(resumed)
+    assert tail == [[], []]  # nothing of that epoch is read again
+    for dl in resumed:
+        dl.sampler.set_epoch(2)
+    nxt, _ = lockstep(resumed)
+    whole = [i for part in nxt for i, _ in part]
+    assert set(whole) == {i for part in seen for i, _ in part} and len(whole) == 62  # torch pads 61
+    assert [len(p) for p in nxt] == [31, 31]
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 0), (0, 2)])
+@pytest.mark.parametrize("mode", ["sample", "shard"])
+def test_resuming_to_or_from_no_workers(before, after, mode, monkeypatch):
+    full, _, _ = run_ranks(1, before, mode, monkeypatch=monkeypatch)
+    head, loaders, its = run_ranks(1, before, mode, steps=3, monkeypatch=monkeypatch)
+    state = loaders[0].state_dict()
+    del its
+    tail, _, _ = run_ranks(1, after, mode, state=state, monkeypatch=monkeypatch)
+    read = [s[:2] for part in head + tail for s in part]
+    planned = {s[:2] for part in full for s in part}
+    assert len(read) == len(set(read)) and set(read) <= planned  # nothing twice
+    assert len(planned) - len(read) < max(1, after)  # uneven="drop": at most the remainder
+    augment = {s[:2]: s[2] for part in full for s in part}
+    assert all(augment[s[:2]] == s[2] for part in tail for s in part)
+
+
+def test_a_checkpoint_of_a_dataset_whose_length_changed_is_refused():
+    (loader,) = map_loaders(1, n=61)
+    next(iter(loader))
+    state = loader.state_dict()
+    (grown,) = map_loaders(1, n=62)
+    with pytest.raises(ValueError, match="not a checkpoint of a DistributedSampler over 62"):
+        grown.load_state_dict(state)
+    _, dl = iterable("sample", 0)
+    next(iter(dl))
+    state = dl.state_dict()
+    ds = ShardedIterableDataset(list(range(41)), mode="sample", seed=11)
+    with pytest.raises(ValueError, match="not a checkpoint of a ShardedIterableDataset of 41"):
+        torchfeed.loader(ds, batch_size=3, collate_fn=collate).load_state_dict(state)

@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from torchfeed.data._distributed import rank_and_world_size
 from torchfeed.data._sampler import DistributedSampler
+from torchfeed.data._seeding import SeedPerSample
 from torchfeed.data._sharding import ShardedIterableDataset
 
 __all__ = ["ResumableLoader", "worker_batches"]
@@ -68,14 +69,42 @@ class ResumableLoader(DataLoader):
     - Any other sampler: the checkpoint records the batches yielded, and resuming skips that
       many (the sampler's order is reproduced from the random state saved at the epoch's start).
 
+    Randomness follows the sample: a map-style dataset is read through
+    :class:`~torchfeed.data.SeedPerSample` (``seed_samples=True``, the default), so that sample
+    i's ``__getitem__`` draws from generators seeded from (seed, epoch, i): the same
+    augmentation whatever rank or worker reads it, before or after a resume, on any world size
+    or worker count. The seed is the sampler's (a DistributedSampler's ``seed``), else
+    ``torch.initial_seed()`` when the loader is made (seed every run alike); an int
+    ``seed_samples`` sets it; ``False`` leaves the workers' streams as they are (a dataset that
+    draws nothing saves about 10 us a sample). The epoch is the sampler's ``epoch`` if it has
+    one, else the count of this loader's epochs. (A :class:`~torchfeed.data.ShardedIterableDataset`
+    seeds its own samples; another IterableDataset has no index to seed from.)
+
     The random state the epoch started from is saved too, so workers get the same seeds
     (:class:`~torchfeed.data.WorkerSeeder` streams included). Datasets with their own
     ``state_dict`` (:class:`~torchfeed.data.SkipCorrupt`'s skipped samples) are saved alongside.
     Load a checkpoint before the epoch it resumes starts (before the workers start).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, dataset: Any, *args: Any, seed_samples: bool | int = True, **kwargs: Any):
+        if not isinstance(seed_samples, bool | int):
+            raise TypeError(
+                f"seed_samples must be a bool or an int seed, got {type(seed_samples).__name__}"
+            )
+        if (
+            seed_samples is not False
+            and not isinstance(dataset, IterableDataset | SeedPerSample)
+            and hasattr(dataset, "__getitem__")
+        ):
+            if seed_samples is True:
+                sampler = kwargs.get("sampler") or getattr(
+                    kwargs.get("batch_sampler"), "sampler", None
+                )
+                seed = getattr(sampler, "seed", None)
+                seed_samples = seed if isinstance(seed, int) else torch.initial_seed()
+            dataset = SeedPerSample(dataset, int(seed_samples))
+        super().__init__(dataset, *args, **kwargs)
+        self._epoch_index = 0  # this loader's epochs begun so far (the per-sample seeds' epoch)
         self._batches = 0  # yielded by the current epoch's iterator
         self._rng: torch.Tensor | None = None  # the random state the epoch started from
         self._progress: tuple[list[int], list[int]] | None = None
@@ -114,6 +143,11 @@ class ResumableLoader(DataLoader):
             else:
                 torch.set_rng_state(pending["rng"])
         self._rng = self._rng_state()
+        if pending is not None:
+            self._epoch_index = int(pending.get("epoch_index", self._epoch_index))
+        if isinstance(self.dataset, SeedPerSample):
+            self.dataset.set_epoch(self._sample_epoch())
+        self._epoch_index += 1
         source = self._source()
         if isinstance(source, DistributedSampler):
             self._progress = source.progress()
@@ -126,6 +160,14 @@ class ResumableLoader(DataLoader):
         self._batches = 0
         self._started = True
         return _Counting(self, self._make_iterator())
+
+    def _sample_epoch(self) -> int:
+        """The epoch the per-sample seeds use: the sampler's, else this loader's count."""
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        if sampler is None:
+            sampler = self.sampler
+        epoch = getattr(sampler, "epoch", None)
+        return epoch if isinstance(epoch, int) else self._epoch_index
 
     def _epoch_done(self) -> None:
         self._skip_batches = 0
@@ -145,6 +187,7 @@ class ResumableLoader(DataLoader):
             "drop_last": self.drop_last,
             "num_workers": self.num_workers,
             "rng": self._rng,
+            "epoch_index": self._epoch_index - 1 if self._started else self._epoch_index,
         }
         source = self._source()
         if isinstance(source, DistributedSampler):

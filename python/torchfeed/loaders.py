@@ -14,9 +14,12 @@ consumer where its batches live through :meth:`ZeroCopyLoader.host_memory` (whic
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from torchfeed._resumable import ResumableLoader
@@ -88,15 +91,27 @@ class ZeroCopyLoader(ResumableLoader):
     def _make_ring(self) -> None:
         capacity = self._ring_capacity
         if capacity is None:
-            size = len(self.dataset)  # type: ignore[arg-type]  # map-style: checked in __init__
-            first = [self.dataset[i] for i in range(min(self.batch_size or 1, size))]
-            nbytes = sum(
-                t.numel() * t.element_size() for t in tensors_of(self._unbound_collate(first))
-            )
+            nbytes = self._probe_batch_bytes()
             in_flight = self.num_workers * (self.prefetch_factor or 2) + 4
             capacity = int(nbytes * 1.5 + 4096) * in_flight
         self.shared_ring = SharedRing(capacity, timeout=self._ring_timeout)
         self.collate_fn = _bind(self._unbound_collate, self.shared_ring)
+
+    def _probe_batch_bytes(self) -> int:
+        """The bytes of a first batch, collated here to size the ring, with every random state
+        it could move (torch's, numpy's, random's) put back: the user's draws, and the batches
+        the workers make, are the ordinary path's."""
+        saved = torch.get_rng_state(), np.random.get_state(), random.getstate()
+        try:
+            size = len(self.dataset)  # type: ignore[arg-type]  # map-style: checked in __init__
+            first = [self.dataset[i] for i in range(min(self.batch_size or 1, size))]
+            return sum(
+                t.numel() * t.element_size() for t in tensors_of(self._unbound_collate(first))
+            )
+        finally:
+            torch.set_rng_state(saved[0])
+            np.random.set_state(saved[1])
+            random.setstate(saved[2])
 
     def _make_iterator(self) -> Iterator[Any]:
         if self.num_workers == 0:

@@ -1,24 +1,106 @@
-"""Rank- and worker-aware seeding: every (rank, worker) draws its own augmentations."""
+"""Seeding: randomness that follows the sample (:func:`seed_sample`, :class:`SeedPerSample`: the
+augmentation of a sample is a function of (seed, epoch, index), whoever reads it, before or after
+a resume), and rank- and worker-aware streams (:class:`WorkerSeeder`)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
 from torchfeed.data._distributed import rank_and_world_size
 
-__all__ = ["WorkerSeeder", "derive_seed", "seed_worker"]
+__all__ = ["SeedPerSample", "WorkerSeeder", "derive_seed", "seed_sample", "seed_worker"]
+
+_MASK = (1 << 64) - 1
 
 
 def derive_seed(*parts: int) -> int:
-    """A 64-bit seed mixing the parts (numpy's SeedSequence): nearby inputs give unrelated
-    streams, unlike ``base + worker_id``."""
-    state = np.random.SeedSequence([int(p) % (1 << 63) for p in parts]).generate_state(2)
-    return int(state.view(np.uint64)[0])
+    """A 64-bit seed mixing the parts, each through SplitMix64's finalizer: nearby inputs give
+    unrelated seeds, unlike ``base + worker_id`` (a few microseconds: it runs per sample)."""
+    h = 0x6A09E667F3BCC909
+    for p in parts:
+        h = (h ^ (int(p) & _MASK)) + 0x9E3779B97F4A7C15 & _MASK
+        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EB & _MASK
+        h ^= h >> 31
+    return h
+
+
+def seed_sample(seed: int, epoch: int, index: int, sample: int = 0) -> None:
+    """Seeds torch's CPU generator, numpy's global generator and ``random`` for one sample from
+    what it is (the seed, the epoch, its index and its place within it), not from where it is
+    read: its augmentation is then the same whichever rank or worker reads it, before or after a
+    resume. (torch's CPU generator only, as torch.manual_seed also seeds every GPU, which costs
+    hundreds of microseconds; a Dataset draws on the host.)"""
+    s = derive_seed(seed, epoch, index, sample)
+    torch.default_generator.manual_seed(s)
+    np.random.seed(s % (1 << 32))
+    random.seed(s)
+
+
+class SeedPerSample(Dataset):
+    """A map-style dataset whose sample i is read after :func:`seed_sample` (seed, epoch, i):
+    whatever random numbers its ``__getitem__`` draws (torch, numpy, ``random``; torchfeed's and
+    torchvision's transforms with the global generator) follow the sample, so a resumed run, an
+    elastic one and one with another worker count draw the same augmentation for the same
+    sample. :func:`torchfeed.loader` wraps map-style datasets in it by default
+    (``seed_samples=``) and sets its epoch; ``set_epoch`` reaches persistent workers (shared
+    memory). In the main process (``num_workers=0``) the three generators' states are restored
+    after each sample, so the training loop's own draws are not disturbed (that costs about
+    0.1 ms a sample, numpy's state the most); in a worker it costs about 10 us a sample.
+    Other attributes are the wrapped dataset's."""
+
+    def __init__(self, dataset: Any, seed: int = 0) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            raise TypeError(
+                f"SeedPerSample wraps a map-style dataset (with __getitem__ and __len__), got "
+                f"{type(dataset).__name__}"
+            )
+        self.dataset = dataset
+        self.seed = seed
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch[0] = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch[0])
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        if get_worker_info() is not None:
+            seed_sample(self.seed, self.epoch, int(index))
+            return self.dataset[index]
+        saved = torch.default_generator.get_state(), np.random.get_state(), random.getstate()
+        try:
+            seed_sample(self.seed, self.epoch, int(index))
+            return self.dataset[index]
+        finally:
+            torch.default_generator.set_state(saved[0])
+            np.random.set_state(saved[1])
+            random.setstate(saved[2])
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        # a dataset's own batched read would skip the seeding: each sample is read by itself
+        return [self[i] for i in indices]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("dataset", "seed", "_epoch"):
+            raise AttributeError(name)  # (unpickling looks these up before __dict__ exists)
+        return getattr(self.dataset, name)
+
+    def __repr__(self) -> str:
+        return f"SeedPerSample({self.dataset!r}, seed={self.seed})"
 
 
 class WorkerSeeder:
