@@ -6,6 +6,9 @@
 #include <ctime>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #ifdef TORCHFEED_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -47,8 +50,56 @@ void Deadline::next_wake_monotonic(std::chrono::milliseconds slice, int64_t* sec
 
 std::string Deadline::describe() const { return "after " + std::to_string(seconds_) + " s"; }
 
+namespace {
+
+// Test-only manual fences (testing/bindings.cpp): while on, a fence is held here, whatever its
+// stream, until the test completes it; so the rings' release logic is tested without a GPU.
+struct ManualFences {
+  std::mutex mu;
+  bool on = false;
+  std::vector<std::function<void()>> pending;
+};
+
+ManualFences& manual_fences() {
+  static ManualFences m;
+  return m;
+}
+
+}  // namespace
+
+void set_manual_fences(bool on) {
+  ManualFences& m = manual_fences();
+  std::lock_guard<std::mutex> guard(m.mu);
+  m.on = on;
+}
+
+int64_t complete_manual_fences() {
+  std::vector<std::function<void()>> done;
+  {
+    ManualFences& m = manual_fences();
+    std::lock_guard<std::mutex> guard(m.mu);
+    done.swap(m.pending);
+  }
+  for (auto& f : done) f();  // outside the lock: a callback may record another fence
+  return static_cast<int64_t>(done.size());
+}
+
+int64_t pending_manual_fences() {
+  ManualFences& m = manual_fences();
+  std::lock_guard<std::mutex> guard(m.mu);
+  return static_cast<int64_t>(m.pending.size());
+}
+
 void after_stream_work(const char* who, int64_t stream, int64_t device,
                        std::function<void()> done) {
+  {
+    ManualFences& m = manual_fences();
+    std::lock_guard<std::mutex> guard(m.mu);
+    if (m.on) {
+      m.pending.push_back(std::move(done));
+      return;
+    }
+  }
 #ifdef TORCHFEED_WITH_CUDA
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess) {

@@ -47,6 +47,12 @@ class Deadline {
 // the CUDA API. Throws std::invalid_argument in a build without CUDA.
 void after_stream_work(const char* who, int64_t stream, int64_t device, std::function<void()> done);
 
+// Test hooks (torchfeed._C._testing): with manual fences on, after_stream_work holds each fence,
+// whatever its stream, until complete_manual_fences() runs them all (returning how many).
+void set_manual_fences(bool on);
+int64_t complete_manual_fences();
+int64_t pending_manual_fences();
+
 // The arguments of a ring's arena, checked once for both rings (std::invalid_argument naming
 // `who`): capacity > 0 bytes and within the machine's physical memory, alignment a power of two
 // in [1, 4096].

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common/cpu_isa.h"
+#include "memory/fence.h"
 
 namespace torchfeed::testing {
 
@@ -17,6 +18,10 @@ void bind(pybind11::module_& m) {
             cpu_isa_name(limit_cpu_isa(limit == "avx2" ? CpuIsa::kAvx2 : CpuIsa::kBaseline)));
       },
       "Caps the CPU kernels' instruction set; returns the one now in use.");
+  t.def("manual_fences", &set_manual_fences, pybind11::arg("on"),
+        "Holds the rings' fences (whatever their stream) until complete_fences().");
+  t.def("complete_fences", &complete_manual_fences, "Runs the held fences; returns how many.");
+  t.def("pending_fences", &pending_manual_fences, "How many fences are held.");
 }
 
 }  // namespace torchfeed::testing

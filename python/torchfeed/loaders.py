@@ -7,9 +7,10 @@ copies it into pinned memory. Here the worker writes its batch once, into memory
 mapped in every process and is already registered with the CUDA runtime.
 
 The ring is an explicit collaborator: the loader hands the workers a copy of the collate bound
-to it (``collate_fn.with_shared_ring(ring)``), never changes the caller's collate, and tells a
-consumer where its batches live through :meth:`ZeroCopyLoader.host_memory` (which
-:class:`~torchfeed.DevicePrefetcher` asks, to fence the ring's regions after its copies).
+to it (``collate_fn.with_shared_ring(ring)``) and never changes the caller's collate. The batches
+carry their own fence: on a GPU machine their tensors are RingTensors, and whatever copies one to
+the GPU (a ``.to(device, non_blocking=True)`` loop, a wrapper, DevicePrefetcher) fences its
+region after the copy, so a worker never overwrites memory a copy may still be reading.
 """
 
 from __future__ import annotations
@@ -81,12 +82,6 @@ class ZeroCopyLoader(ResumableLoader):
         self.shared_ring: SharedRing | None = None
         self._ring_capacity = ring_capacity
         self._ring_timeout = ring_timeout
-
-    def host_memory(self) -> SharedRing | None:
-        """Where the batches live: the shared ring (None before the first epoch, or with no
-        workers). A consumer that copies them to a device fences its regions
-        (``record_copies``)."""
-        return self.shared_ring
 
     def _make_ring(self) -> None:
         capacity = self._ring_capacity

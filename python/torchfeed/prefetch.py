@@ -5,8 +5,8 @@ from __future__ import annotations
 import queue
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -15,24 +15,6 @@ from torchfeed._tree import map_tensors, tensors_of
 from torchfeed.memory._pinned_ring import PinnedRing
 
 __all__ = ["DevicePrefetcher"]
-
-
-@runtime_checkable
-class _HostMemory(Protocol):
-    """Host memory that batches live in and that must not be reused before their copies to a
-    device have finished (:class:`~torchfeed.SharedRing`, :class:`~torchfeed.PinnedRing`)."""
-
-    @property
-    def pinned(self) -> bool: ...
-
-    def record_copies(self, tensors: Sequence[Tensor], stream: torch.cuda.Stream) -> int: ...
-
-
-@runtime_checkable
-class _BatchSource(Protocol):
-    """A loader that says where its batches live (:class:`~torchfeed.ZeroCopyLoader`)."""
-
-    def host_memory(self) -> _HostMemory | None: ...
 
 
 _END = object()
@@ -58,9 +40,9 @@ class DevicePrefetcher:
     the first GPU batch for ``depth + 2`` batches of that size, grown when a later prefetcher's
     first batch needs more; every prefetcher on the device shares it, so one made per epoch
     page-locks nothing new);
-    ``pinned_ring=False``: plain copies; or a :class:`PinnedRing` of your own. A loader that says
-    where its batches live (:class:`_BatchSource`, e.g. a zero-copy loader whose workers wrote into
-    page-locked shared memory) has them copied from there, with no staging. Up to
+    ``pinned_ring=False``: plain copies; or a :class:`PinnedRing` of your own. Batches already in
+    page-locked memory (``pin_memory=True``, a zero-copy loader's ring, whose memory fences
+    itself after every copy from it) are copied from there, with no staging. Up to
     ``depth`` batches are prepared ahead. ``len()`` is the loader's; each ``iter()`` is an epoch.
     An exception in the loader (a worker's, say) is raised in the training loop; leaving the loop
     (its end, ``break``, an exception) stops the thread.
@@ -132,17 +114,11 @@ class DevicePrefetcher:
 
     def _copy(self, batch: Any) -> Any:
         """Enqueues the batch's copy to the device on the prefetch stream (the current one)."""
-        memory = self.loader.host_memory() if isinstance(self.loader, _BatchSource) else None
-        if memory is not None and memory.pinned:
-            # Zero copy: the workers wrote the batch into page-locked shared memory. Copy it as it
-            # is and fence its regions (once each); staging it again would only add a copy.
-            on_device = map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
-            assert self.stream is not None  # a CUDA device has one
-            memory.record_copies(tensors_of(batch), self.stream)
-            return on_device
         leaves = tensors_of(batch)
         if leaves and all(t.is_cuda or t.is_pinned() for t in leaves):
-            # already page-locked (DataLoader(pin_memory=True)): staging would add a copy
+            # already page-locked (DataLoader(pin_memory=True), or a zero-copy loader's ring,
+            # whose tensors fence their region after this copy themselves): staging would only
+            # add a copy
             return map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
         ring = self._ring_for(batch)
         if ring is not None:

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from torchfeed._extension import C
 from torchfeed._tree import carve, field_layout, map_tensors, tensors_of
+from torchfeed.memory._fenced import fenced
 from torchfeed.memory._ring_base import DEFAULT, RingBase, check_timeout
 
 __all__ = ["CHUNK_BYTES", "PinnedRing"]
@@ -57,7 +58,7 @@ class PinnedRing(RingBase):
         is freed."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int):
             raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
-        return self._ring.allocate(nbytes, self._wait(timeout))
+        return fenced(self._ring.allocate(nbytes, self._wait(timeout)), self)
 
     @property
     def alignment(self) -> int:
@@ -111,9 +112,8 @@ class PinnedRing(RingBase):
             device = torch.device("cuda", torch.cuda.current_device())
         consumer = torch.cuda.current_stream(device)
         stream = consumer if stream is None else stream
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream):  # the ring's tensors fence themselves after the copies
             out = map_tensors(staged, lambda t: t.to(device, non_blocking=non_blocking))
-        self.record_copies(tensors_of(staged), stream)
         if stream != consumer:
             consumer.wait_stream(stream)
             for t in tensors_of(out):

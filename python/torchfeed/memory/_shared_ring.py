@@ -19,6 +19,7 @@ from torch import Tensor
 
 from torchfeed._extension import C
 from torchfeed._tree import Lazy, carve, field_layout, map_tensors, nbytes
+from torchfeed.memory._fenced import fenced
 from torchfeed.memory._ring_base import DEFAULT, RingBase, check_timeout
 
 __all__ = ["RingHandle", "SharedRing"]
@@ -159,13 +160,14 @@ class SharedRing(RingBase):
         return RingHandle(slot, generation, total, tree)
 
     def unpack(self, handle: RingHandle) -> Any:
-        """The batch of a handle, as tensors viewing the region (which is released when they are
-        all freed)."""
+        """The batch of a handle, as tensors viewing the region, which is released when they are
+        all freed and every copy queued from them has finished (page-locked, they are
+        RingTensors: any copy to a device fences the region after it)."""
         region = self._ring.view(handle.slot, handle.generation, handle.nbytes)
 
         def view(spec: _Spec) -> Tensor:
             t = carve(region, spec.offset, spec.nbytes, spec.dtype, spec.shape)
-            return t if spec.permute is None else t.permute(*spec.permute)
+            return fenced(t if spec.permute is None else t.permute(*spec.permute), self)
 
         return map_tensors(handle.tree, view, lambda x: isinstance(x, _Spec))
 
