@@ -45,7 +45,7 @@ PUBLIC = {
         "set_max_image_pixels",
     },
     "torchfeed.loaders": {"ResumableLoader", "ZeroCopyLoader", "loader"},
-    "torchfeed.memory": {"PinnedRing", "SharedRing"},
+    "torchfeed.memory": {"PinnedRing", "RingTensor", "SharedRing"},
     "torchfeed.ops": {"crop_flip_normalize", "decode_jpeg_window", "pad"},  # the op modules
     "torchfeed.ops.crop_flip_normalize": {"crop_flip_normalize", "resize_center_crop_normalize"},
     "torchfeed.ops.decode_jpeg_window": {"decode_jpeg_window"},
