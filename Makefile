@@ -52,7 +52,7 @@ test: build lint
 # The suite against the oldest torch that pyproject.toml declares (torch 2.11, as on the GPU
 # machine), in a venv of its own, with a non-editable install built in a directory of its own.
 # This build is also the CPU-only configuration without libjpeg-turbo (torchfeed.decode falls back
-# to torchvision): CI proves both build and pass. (The CUDA code against 2.11 is the GPU
+# to Pillow): CI proves both build and pass. (The CUDA code against 2.11 is the GPU
 # machine's build, scripts/gpu_check.sh.)
 MIN_VENV ?= .venv-torch-min
 MIN_PY := $(MIN_VENV)/bin/python

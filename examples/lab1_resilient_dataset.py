@@ -9,6 +9,7 @@ gives up.
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
 import tempfile
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import torch
 from _common import parse
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
-from torchvision.io import ImageReadMode, decode_image, encode_jpeg, read_file
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 from torchfeed.data import SkipCorrupt
 
@@ -30,7 +32,8 @@ class ImageFiles(Dataset):
         return len(self.paths)
 
     def __getitem__(self, i: int):
-        image = decode_image(read_file(str(self.paths[i])), mode=ImageReadMode.RGB)
+        with Image.open(self.paths[i]) as im:
+            image = pil_to_tensor(im.convert("RGB"))
         return image[:, :32, :32].float() / 255, i
 
 
@@ -48,8 +51,10 @@ def write_files(root: Path, n: int, corrupt: set[int]) -> list[Path]:
     g = torch.Generator().manual_seed(0)
     paths = []
     for i in range(n):
-        data = encode_jpeg(torch.randint(0, 256, (3, 40, 40), dtype=torch.uint8, generator=g))
-        raw = bytes(data.tolist())
+        pixels = torch.randint(0, 256, (40, 40, 3), dtype=torch.uint8, generator=g)
+        buf = io.BytesIO()
+        Image.fromarray(pixels.numpy()).save(buf, "JPEG")
+        raw = buf.getvalue()
         if i in corrupt:
             raw = raw[: len(raw) // 3]  # truncated, as a half-written download is
         path = root / f"img_{i:03d}.jpg"

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_image
 
 import torchfeed.ops._jpeg as jpeg_op
 
@@ -50,7 +49,14 @@ JPEGS = {
 
 
 def full_decode(data: bytes) -> torch.Tensor:
-    return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB)
+    """The whole image decoded to RGB by Pillow (its libjpeg-turbo), uint8 ``[3, H, W]``: the
+    reference every window is a slice of. A file Pillow cannot read raises RuntimeError."""
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            rgb = np.asarray(im.convert("RGB")).copy()
+    except (OSError, SyntaxError, ValueError) as e:
+        raise RuntimeError(f"Pillow cannot decode it: {e}") from e
+    return torch.from_numpy(rgb).permute(2, 0, 1)
 
 
 def random_boxes(height: int, width: int, n: int, seed: int = 0):

@@ -1,4 +1,4 @@
-"""torchfeed.decode: crop-window decoding against torchvision's whole-image decoder, the fallback
+"""torchfeed.decode: crop-window decoding against Pillow's whole-image decode, the fallback
 without libjpeg-turbo, DecodeRandomCrop in DataLoader workers, and every user error."""
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ def test_window_equals_full_decode_sliced(kind):
         window = decode_window(data, box)
         assert window.dtype == torch.uint8 and window.shape == (3, h, w), box
         assert torch.equal(window, full[:, top : top + h, left : left + w]), (kind, box)
-        # HWC memory order, like torchvision's decoder: ragged collation stays one copy
+        # HWC memory order, like a decoder's output: ragged collation stays one copy
         assert window.permute(1, 2, 0).is_contiguous()
 
 
 @needs_window_decoder
 def test_the_window_decoder_is_the_one_used_for_jpegs(monkeypatch):
-    """Guards the test above: for JPEGs the op runs, not the torchvision fallback."""
+    """Guards the test above: for JPEGs the op runs, not the Pillow fallback."""
     monkeypatch.setattr(tio, "decode_whole", None)  # any use of the fallback would raise
     data = JPEGS["4:2:0"]()
     assert decode_window(data, (10, 20, 30, 40)).shape == (3, 30, 40)
@@ -53,7 +53,7 @@ def test_the_window_decoder_is_the_one_used_for_jpegs(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["cmyk", "png", "gray png", "rgba png"])
-def test_formats_the_window_decoder_does_not_take_fall_back_to_torchvision(kind):
+def test_formats_the_window_decoder_does_not_take_fall_back_to_pillow(kind):
     data = {
         "cmyk": lambda: encode(picture(50, 60, "CMYK")),
         "png": lambda: encode(picture(40, 33), "PNG"),
@@ -70,7 +70,7 @@ def test_formats_the_window_decoder_does_not_take_fall_back_to_torchvision(kind)
 
 
 def test_fallback_without_the_window_decoder(monkeypatch):
-    """A build without libjpeg-turbo: the same pixels, from torchvision's decoder."""
+    """A build without libjpeg-turbo: the same pixels, from Pillow."""
     data = JPEGS["4:2:0"]()
     full = full_decode(data)
     monkeypatch.setattr(jpeg_op, "_use_window_decoder", False)
@@ -163,17 +163,17 @@ def test_bad_box(kind, box, match):
         decode_window(data, box)
 
 
-def test_truncated_jpeg_raises_like_torchvision():
+def test_truncated_jpeg_raises_like_pillow():
     data = JPEGS["4:2:0"]()
     cut = data[: len(data) // 2]
     with pytest.raises(RuntimeError):
         full_decode(cut)
-    truncated = "Premature end of JPEG file|incomplete or truncated"  # ours | torchvision's
+    truncated = "Premature end of JPEG file|incomplete or truncated"  # ours | Pillow's
     with pytest.raises(RuntimeError, match=truncated):
         decode_window(cut, (0, 0, 123, 157))  # the window needs rows past the cut
     with pytest.raises(RuntimeError, match=truncated):
         decode_window(cut, (120, 0, 3, 5))
-    # the header alone is cut: torchvision's decoder reports it
+    # the header alone is cut: Pillow reports it
     with pytest.raises(RuntimeError):
         decode_window(data[:100], (0, 0, 1, 1))
 

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from PIL import Image, ImageFile
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
-from torchvision.io import ImageReadMode, decode_image
 
 import torchfeed
 import torchfeed.limits
@@ -31,6 +30,8 @@ from torchfeed.data._distributed import rank_and_world_size
 from torchfeed.decode import DecodeRandomCrop, decode_window
 from torchfeed.memory import SharedRing
 from torchfeed.sampling import sample_resized_crop_params
+
+from jpeg_cases import full_decode
 
 needs_window_decoder = pytest.mark.skipif(not jpeg_op.window_decoder(), reason="no libjpeg-turbo")
 
@@ -344,11 +345,10 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
 @needs_window_decoder
 @pytest.mark.parametrize("options", [{}, {"progressive": True}, {"subsampling": 0}])
 def test_mutated_jpegs_give_an_error_or_the_true_pixels(options):
-    """Random byte mutations, against torchvision's verdict: a window is returned only when
-    every row of it decoded cleanly. Then it equals torchvision's decode wherever torchvision
-    returns one (with corrupt-data warnings torchvision returns garbage; we refuse), and the
-    mutation did not reach it. The case of issue 14 (torchvision rejects, we returned
-    thousands of corrupted pixels) cannot happen."""
+    """Random byte mutations: a window is returned only when every row of it decoded cleanly.
+    Then it equals Pillow's whole-image decode (with truncation tolerated where Pillow refuses
+    the file: the mutation did not reach the window). The case of issue 14 (a decoder rejects
+    the file, we returned thousands of corrupted pixels) cannot happen."""
     rng = random.Random(hash(tuple(options)) & 0xFFFF)
     base = jpeg(64, 80, seed=3, **options)
     returned = refused = 0
@@ -363,9 +363,9 @@ def test_mutated_jpegs_give_an_error_or_the_true_pixels(options):
         returned += 1
         top, left, h, w = box
         try:
-            full = decode_image(as_tensor(data), ImageReadMode.RGB)
+            full = full_decode(data)
         except RuntimeError:
-            full = pil_decode(data)  # torchvision refuses: compare with a tolerant decoder
+            full = pil_decode(data)  # Pillow refuses: compare with it tolerating truncation
         assert full is not None
         assert torch.equal(window, full[:, top : top + h, left : left + w])
     assert returned > 0 and refused > 0
@@ -398,9 +398,9 @@ def test_a_jpeg_claiming_a_huge_size_is_refused_before_allocating(options):
     "options", [{}, {"progressive": True}, {"subsampling": 1}, {"optimize": True}]
 )
 @pytest.mark.parametrize("size", [(1, 1), (40, 56), (17, 300)])
-def test_the_frame_header_reader_agrees_with_torchvision(options, size):
+def test_the_frame_header_reader_agrees_with_pillow(options, size):
     data = jpeg(*size, **options)
-    image = decode_image(as_tensor(data))
+    image = full_decode(data)
     assert jpeg_op.jpeg_frame_size(as_tensor(data)) == tuple(image.shape[1:]) == size
     assert jpeg_op.jpeg_frame_size(as_tensor(claiming(data, 65500, 3))) == (65500, 3)
 

@@ -35,7 +35,7 @@ PUBLIC = {
         "seed_sample",
         "seed_worker",
     },
-    "torchfeed.decode": {"DecodeRandomCrop", "decode_window", "image_size"},
+    "torchfeed.decode": {"DecodeCenterCrop", "DecodeRandomCrop", "decode_window", "image_size"},
     "torchfeed.images": {"RaggedImages"},
     "torchfeed.limits": {
         "DEFAULT_MAX_IMAGE_PIXELS",

@@ -107,18 +107,36 @@ struct Window {
   int64_t top, left, height, width;
 };
 
-// Decodes rows [top, top + height) and columns [left, left + width) into `out` (HWC, RGB).
-// `row` has room for `rows_at_once` full-width RGB rows.
+// The output of a decode at 1/scale_denom of the image's size (libjpeg's scaled IDCT: 1, 2, 4
+// or 8); its dimensions are computed, nothing is decoded. The caller checks scale_denom.
+bool scale_output(Decoder& d, int64_t scale_denom) {
+  if (setjmp(d.err.jump)) {
+    return false;
+  }
+  d.cinfo.out_color_space = JCS_RGB;
+  d.cinfo.scale_num = 1;
+  d.cinfo.scale_denom = static_cast<unsigned int>(scale_denom);
+  jpeg_calc_output_dimensions(&d.cinfo);
+  return true;
+}
+
+// Decodes rows [top, top + height) and columns [left, left + width) of the (scaled) output into
+// `out` (HWC, RGB). `row` has room for `rows_at_once` full-width RGB rows.
 bool read_window(Decoder& d, Window w, uint8_t* out, uint8_t* row, int rows_at_once) {
   if (setjmp(d.err.jump)) {
     return false;
   }
   jpeg_decompress_struct& c = d.cinfo;
-  c.out_color_space = JCS_RGB;
   jpeg_start_decompress(&c);
   const int64_t image_w = c.output_width;
-  const int64_t imcu_w = int64_t{c.max_h_samp_factor} * DCTSIZE;
-  const int64_t imcu_h = int64_t{c.max_v_samp_factor} * DCTSIZE;
+  // an iMCU in output pixels: the scaled IDCT makes a block min_DCT_scaled_size pixels wide
+#if JPEG_LIB_VERSION >= 70
+  const int64_t block_w = c.min_DCT_h_scaled_size, block_h = c.min_DCT_v_scaled_size;
+#else
+  const int64_t block_w = c.min_DCT_scaled_size, block_h = c.min_DCT_scaled_size;
+#endif
+  const int64_t imcu_w = int64_t{c.max_h_samp_factor} * block_w;
+  const int64_t imcu_h = int64_t{c.max_v_samp_factor} * block_h;
   // Columns: a margin of one iMCU each side; jpeg_crop_scanline widens to iMCU boundaries.
   const int64_t x0 = std::max<int64_t>(0, w.left - imcu_w);
   const int64_t x1 = std::min(image_w, w.left + w.width + imcu_w);
@@ -192,7 +210,7 @@ JpegInfo jpeg_info(const at::Tensor& data) {
 }
 
 at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t left, int64_t height,
-                                  int64_t width, int64_t max_pixels) {
+                                  int64_t width, int64_t max_pixels, int64_t scale_denom) {
   const uint8_t* bytes = checked_data(data, "decode_jpeg_window");
   Decoder d;
   TORCH_CHECK(read_header(d, bytes, data.numel()),
@@ -209,19 +227,28 @@ at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t l
                     image_h * image_w, " pixels, more than the limit of ", max_pixels,
                     " (torchfeed.limits.set_max_image_pixels(), or the environment variable "
                     "TORCHFEED_MAX_IMAGE_PIXELS, changes it)");
+  TORCH_CHECK_VALUE(scale_denom == 1 || scale_denom == 2 || scale_denom == 4 || scale_denom == 8,
+                    "decode_jpeg_window: scale_denom must be 1, 2, 4 or 8 (libjpeg-turbo's "
+                    "SIMD-accelerated scales), got ",
+                    scale_denom);
+  TORCH_CHECK(scale_output(d, scale_denom), "decode_jpeg_window: corrupt JPEG: ", d.err.message);
+  const int64_t scaled_h = d.cinfo.output_height;
+  const int64_t scaled_w = d.cinfo.output_width;
   TORCH_CHECK_VALUE(height >= 1 && width >= 1,
                     "decode_jpeg_window: the window's height and width must be >= 1, got ", height,
                     " x ", width);
   // Image sides are < 2^16: compared without adding to top/left, no sum can overflow.
-  TORCH_CHECK_VALUE(top >= 0 && left >= 0 && height <= image_h && width <= image_w &&
-                        top <= image_h - height && left <= image_w - width,
+  TORCH_CHECK_VALUE(top >= 0 && left >= 0 && height <= scaled_h && width <= scaled_w &&
+                        top <= scaled_h - height && left <= scaled_w - width,
                     "decode_jpeg_window: window (top ", top, ", left ", left, ", height ", height,
-                    ", width ", width, ") must lie inside the ", image_h, " x ", image_w, " image");
+                    ", width ", width, ") must lie inside the ", scaled_h, " x ", scaled_w,
+                    " image", scale_denom > 1 ? " (the JPEG at 1/" : "",
+                    scale_denom > 1 ? std::to_string(scale_denom) + " of its size)" : "");
   // HWC memory, returned as a CHW view: the order torchvision's decoder returns.
   at::Tensor out = at::empty({height, width, 3}, data.options());
   const int rows_at_once = std::clamp(d.cinfo.max_v_samp_factor * DCTSIZE, 1, 16);
-  // jpeg_crop_scanline never widens past the image
-  std::vector<uint8_t> row(static_cast<size_t>(image_w) * 3 * rows_at_once);
+  // jpeg_crop_scanline never widens past the (scaled) image
+  std::vector<uint8_t> row(static_cast<size_t>(scaled_w) * 3 * rows_at_once);
   TORCH_CHECK(
       read_window(d, {top, left, height, width}, out.data_ptr<uint8_t>(), row.data(), rows_at_once),
       "decode_jpeg_window: corrupt JPEG: ", d.err.message);

@@ -64,9 +64,10 @@ TORCH_LIBRARY(torchfeed, m) {
   // HWC memory order (as torchvision's decode_jpeg returns); decodes only what the window needs
   // (io/jpeg.cpp). Built only with libjpeg-turbo.
   // `max_pixels` bounds the image the header declares (height * width; <= 0: no bound), checked
-  // before anything is allocated.
+  // before anything is allocated. `scale_denom` (1, 2, 4 or 8) decodes the JPEG at that fraction
+  // of its size (libjpeg-turbo's scaled IDCT): the window is then in the scaled image.
   m.def(
       "decode_jpeg_window(Tensor data, int top, int left, int height, int width, "
-      "int max_pixels=89478485) -> Tensor");
+      "int max_pixels=89478485, int scale_denom=1) -> Tensor");
 #endif
 }

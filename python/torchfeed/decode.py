@@ -9,13 +9,21 @@ window's pixels are bit-identical to a full decode sliced afterwards, so what fo
 flip, normalize: :class:`torchfeed.transforms.ResizeRandomFlipNormalize`) gives exactly the
 result of the usual ``RandomResizedCrop`` on the full image.
 
+Large photos can also be decoded at a reduced scale: given the output size, the crop is decoded
+at the largest of libjpeg-turbo's scales (1/2, 1/4, 1/8) at which it still has at least that many
+pixels (``DecodeRandomCrop(size=...)``, :class:`DecodeCenterCrop`), which skips most of the
+inverse DCT and colour conversion of a multi-megapixel JPEG. That is close to, not equal to, the
+full-scale result (README, "Decoding at reduced scale").
+
 Crop-window decoding needs the extension built with libjpeg-turbo (``build_info()["jpeg"]``).
 Without it, and for files it cannot decode that way (PNG and other formats, CMYK JPEGs), the
-whole image is decoded with torchvision and the window sliced out: the same pixels, more work.
+whole image is decoded with Pillow (a JPEG at the same reduced scale) and the window sliced out:
+the same pixels, more work.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,18 +33,19 @@ from torch import Tensor
 
 from torchfeed._options import check_generator, check_range
 from torchfeed.limits import check_image_pixels
-from torchfeed.ops._jpeg import Box, check_box, decode_whole, jpeg_header
+from torchfeed.ops._image_op import resize_arg, resized_size, size_pair
+from torchfeed.ops._jpeg import Box, check_box, decode_whole, jpeg_frame_size, jpeg_header
 from torchfeed.ops.decode_jpeg_window import decode_jpeg_window
 from torchfeed.sampling import resized_crop_box
 
-__all__ = ["DecodeRandomCrop", "decode_window", "image_size"]
+__all__ = ["DecodeCenterCrop", "DecodeRandomCrop", "decode_window", "image_size"]
 
 
 def _as_encoded(data: Any, name: str = "data") -> Tensor:
-    """An encoded file as a contiguous 1-D uint8 CPU tensor: from such a tensor (what
-    ``torchvision.io.read_file`` returns), ``bytes``, ``bytearray``, ``memoryview`` or a 1-D
-    uint8 numpy array. Shares memory where it can (writable, contiguous buffers); copies
-    read-only ones (``bytes``), which a tensor cannot wrap safely."""
+    """An encoded file as a contiguous 1-D uint8 CPU tensor: from such a tensor (a file's
+    bytes, as ``torchvision.io.read_file`` gave them), ``bytes``, ``bytearray``, ``memoryview``
+    or a 1-D uint8 numpy array. Shares memory where it can (writable, contiguous buffers);
+    copies read-only ones (``bytes``), which a tensor cannot wrap safely."""
     if isinstance(data, Tensor):
         if data.dtype != torch.uint8 or data.dim() != 1 or data.device.type != "cpu":
             raise TypeError(
@@ -100,9 +109,9 @@ def image_size(data: Any) -> tuple[int, int]:
 
 def decode_window(data: Any, box: Sequence[int] | Tensor) -> Tensor:
     """The RGB pixels of ``box`` = (top, left, height, width) of an encoded image: uint8
-    ``[3, height, width]`` (HWC memory order, as torchvision's decoder returns). For JPEGs only
-    the window is decoded; the result equals ``decode_image(data, RGB)[:, top:top+height,
-    left:left+width]`` exactly."""
+    ``[3, height, width]`` (HWC memory order, as decoders return it). For JPEGs only the window
+    is decoded; the result equals a full decode (Pillow's, or torchvision's)
+    ``[:, top:top+height, left:left+width]`` exactly."""
     data = _as_encoded(data)
     header = _decodable_header(data)
     if header is None:
@@ -111,17 +120,73 @@ def decode_window(data: Any, box: Sequence[int] | Tensor) -> Tensor:
     return decode_jpeg_window(data, (top, left, h, w))
 
 
+def _reduction(height: float, width: float, size: tuple[int, int] | None) -> int:
+    """The largest of libjpeg-turbo's SIMD-accelerated scales (1/2, 1/4, 1/8) at which a window
+    of ``height`` x ``width`` image pixels still has at least ``size`` pixels each way (a pixel
+    to spare, for the rounding of the window to whole scaled pixels); 1 without ``size``."""
+    if size is None:
+        return 1
+    for r in (8, 4, 2):
+        if height >= r * (size[0] + 1) and width >= r * (size[1] + 1):
+            return r
+    return 1
+
+
+def _scaled_box(box: Box, r: int, height: int, width: int) -> Box:
+    """``box`` in image pixels as a window of the image decoded at 1/r (``height`` x ``width``
+    pixels then): each edge rounded to the nearest scaled pixel."""
+    top, left, h, w = box
+    t, b = math.floor(top / r + 0.5), math.floor((top + h) / r + 0.5)
+    lft, rgt = math.floor(left / r + 0.5), math.floor((left + w) / r + 0.5)
+    t, lft = min(t, height - 1), min(lft, width - 1)
+    return t, lft, max(1, min(b, height) - t), max(1, min(rgt, width) - lft)
+
+
+def _decode_box(data: Tensor, header: tuple[int, int] | None, box: Box, r: int) -> Tensor:
+    """The pixels of ``box`` (image pixels), decoded at 1/r of the image's size where r > 1."""
+    if header is not None:  # the window decoder
+        if r == 1:
+            return decode_jpeg_window(data, box)
+        h, w = -(-header[0] // r), -(-header[1] // r)
+        return decode_jpeg_window(data, _scaled_box(box, r, h, w), r)
+    image = decode_whole(data, r)
+    if r == 1:
+        return _slice_window(image, box)
+    return _slice_window(image, _scaled_box(box, r, image.shape[1], image.shape[2]))
+
+
+def _fallback_size(data: Tensor) -> tuple[tuple[int, int], bool]:
+    """(height, width) of a file the window decoder does not take, from its header where it can
+    (a JPEG: then it can be decoded at a reduced scale too), else from a full decode."""
+    size = jpeg_frame_size(data)
+    if size is not None:
+        return size, True
+    image = decode_whole(data)
+    return (int(image.shape[1]), int(image.shape[2])), False
+
+
 class DecodeRandomCrop:
     """A per-sample transform for the workers: encoded bytes in, the RGB pixels of a random crop
     out (uint8 ``[3, h, w]``), drawn with torchvision's ``RandomResizedCrop`` algorithm
     (``scale``, ``ratio``) and decoded alone (see the module's docstring). Resize, flip and
-    normalize the batch afterwards with :class:`torchfeed.transforms.ResizeRandomFlipNormalize`; the
-    two together equal ``RandomResizedCrop -> RandomHorizontalFlip -> ToDtype -> Normalize``.
+    normalize the batch afterwards with :class:`torchfeed.transforms.ResizeRandomFlipNormalize`;
+    the two together equal ``RandomResizedCrop -> RandomHorizontalFlip -> ToDtype ->
+    Normalize``.
+
+    ``size`` (the output size the crop is resized to, e.g. 224; off by default) lets a JPEG be
+    decoded at a reduced scale: the largest of 1/2, 1/4 and 1/8 at which the crop still has at
+    least ``size`` pixels each way (libjpeg-turbo's scaled IDCT, which skips most of the work of
+    a large photo). The window returned is then the crop in the scaled image, each edge rounded
+    to a whole scaled pixel, and never smaller than ``size``, so the resize only ever shrinks it.
+    The result is not bit-identical to the full-scale path (the scaled IDCT filters otherwise
+    than an antialiased resize, and the edges move by up to half a scaled pixel): README's
+    "Decoding at reduced scale" gives the measured difference and speed. Without ``size`` the
+    window is bit-identical to decoding everything and slicing.
 
     Draws from ``generator``, else from torch's global generator, which the DataLoader seeds
-    apart in each worker (and :func:`torchfeed.data.seed_worker` per rank too). With
-    ``return_box=True`` it returns ``(window, (top, left, height, width))``, for targets that
-    must follow the crop."""
+    apart in each worker (and torchfeed.loader per sample). With ``return_box=True`` it returns
+    ``(window, (top, left, height, width))``, the box in the image's own pixels, for targets
+    that must follow the crop."""
 
     def __init__(
         self,
@@ -129,24 +194,81 @@ class DecodeRandomCrop:
         ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
         generator: torch.Generator | None = None,
         return_box: bool = False,
+        size: int | Sequence[int] | None = None,
     ) -> None:
         self.scale = check_range("scale", scale, positive=False)
         self.ratio = check_range("ratio", ratio, positive=True)
         self.generator = check_generator(generator)
-        self.return_box = bool(return_box)
+        if not isinstance(return_box, bool):
+            raise TypeError(f"return_box must be a bool, got {type(return_box).__name__}")
+        self.return_box = return_box
+        self.size = None if size is None else size_pair(size)
 
     def __call__(self, data: Any) -> Tensor | tuple[Tensor, Box]:
         data = _as_encoded(data)
         header = _decodable_header(data)
-        if header is None:
-            image = decode_whole(data)
-            height, width = image.shape[1], image.shape[2]
-            box = resized_crop_box(height, width, self.scale, self.ratio, self.generator)
-            window = _slice_window(image, box)
-        else:
+        if header is not None:
             box = resized_crop_box(*header, self.scale, self.ratio, self.generator)
-            window = decode_jpeg_window(data, box)
+            window = _decode_box(data, header, box, _reduction(box[2], box[3], self.size))
+        else:
+            (height, width), jpeg = _fallback_size(data)
+            box = resized_crop_box(height, width, self.scale, self.ratio, self.generator)
+            r = _reduction(box[2], box[3], self.size) if jpeg else 1
+            window = _decode_box(data, None, box, r)
         return (window, box) if self.return_box else window
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(scale={self.scale}, ratio={self.ratio})"
+        size = "" if self.size is None else f", size={self.size}"
+        return f"{type(self).__name__}(scale={self.scale}, ratio={self.ratio}{size})"
+
+
+class DecodeCenterCrop:
+    """The evaluation transform's decode: encoded bytes in, the pixels that ``Resize(resize) ->
+    CenterCrop(crop)`` keeps out (uint8 ``[3, h, w]``, the smallest window of whole image pixels
+    holding them), decoded alone; at the largest reduced scale (1/2, 1/4, 1/8) at which that
+    window still has at least ``crop`` pixels each way when ``reduced`` (the default: an
+    evaluation set of large photos decodes several times faster). Resize the windows to
+    ``crop`` afterwards (``ResizeRandomFlipNormalize(crop, p_flip=0)``). The result approximates
+    ``ResizeCenterCropNormalize(resize, crop)`` on the full image: the window's edges are rounded
+    to whole (scaled) pixels, and the reduced scale filters otherwise; README's "Decoding at
+    reduced scale" gives the measured difference."""
+
+    def __init__(
+        self, resize: int | Sequence[int], crop: int | Sequence[int], reduced: bool = True
+    ) -> None:
+        self.resize = resize_arg(resize)
+        self.crop = size_pair(crop, "crop")
+        if not isinstance(reduced, bool):
+            raise TypeError(f"reduced must be a bool, got {type(reduced).__name__}")
+        self.reduced = reduced
+
+    def box(self, height: int, width: int) -> Box:
+        """The window of a ``height`` x ``width`` image that the center crop keeps, in its
+        pixels (the preimage of the crop under the resize, widened to whole pixels)."""
+        rh, rw = resized_size(height, width, self.resize)
+        fy, fx = height / rh, width / rw  # image pixels per resized pixel
+        if self.crop[0] > rh or self.crop[1] > rw:
+            raise ValueError(
+                f"DecodeCenterCrop: crop {self.crop} is larger than the {height} x {width} image "
+                f"resized to ({rh}, {rw})"
+            )
+        top = round((rh - self.crop[0]) / 2.0) * fy
+        left = round((rw - self.crop[1]) / 2.0) * fx
+        t, lft = math.floor(top), math.floor(left)
+        b = min(height, math.ceil(top + self.crop[0] * fy))
+        r = min(width, math.ceil(left + self.crop[1] * fx))
+        return t, lft, b - t, r - lft
+
+    def __call__(self, data: Any) -> Tensor:
+        data = _as_encoded(data)
+        header = _decodable_header(data)
+        size = header if header is not None else _fallback_size(data)[0]
+        jpeg = header is not None or jpeg_frame_size(data) is not None
+        box = self.box(*size)
+        reduce = self.crop if self.reduced and jpeg else None
+        return _decode_box(data, header, box, _reduction(box[2], box[3], reduce))
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(resize={self.resize}, crop={self.crop}, reduced={self.reduced})"
+        )

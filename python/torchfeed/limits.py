@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+import PIL.Image
+
 __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
     "ImageTooLargeError",
@@ -41,10 +43,20 @@ def _parse(value: object, name: str) -> int | None:
     return n
 
 
+def _relax_pillow(limit: int | None) -> None:
+    # torchfeed decodes through Pillow where the window decoder does not: a bound raised here
+    # raises Pillow's decompression-bomb bound to it too (never lowers it), else Pillow would
+    # refuse what torchfeed was told to allow.
+    current = PIL.Image.MAX_IMAGE_PIXELS
+    if current is not None and (limit is None or limit > current):
+        PIL.Image.MAX_IMAGE_PIXELS = limit
+
+
 _limit: int | None = _parse(
     os.environ.get("TORCHFEED_MAX_IMAGE_PIXELS", DEFAULT_MAX_IMAGE_PIXELS),
     "TORCHFEED_MAX_IMAGE_PIXELS",
 )
+_relax_pillow(_limit)
 
 
 def max_image_pixels() -> int | None:
@@ -53,9 +65,11 @@ def max_image_pixels() -> int | None:
 
 
 def set_max_image_pixels(pixels: int | None) -> None:
-    """Sets the bound (a positive int, or None for no bound) for this process."""
+    """Sets the bound (a positive int, or None for no bound) for this process (Pillow's own
+    bound is raised to it, where lower)."""
     global _limit
     _limit = _parse(pixels, "max_image_pixels")
+    _relax_pillow(_limit)
 
 
 def check_image_pixels(height: int, width: int, what: str) -> None:

@@ -13,6 +13,11 @@ def test_opcheck():
     data = torch.frombuffer(bytearray(JPEGS["4:2:0"]()), dtype=torch.uint8)
     for box in [(0, 0, 123, 157), (40, 17, 33, 61), (122, 156, 1, 1)]:
         torch.library.opcheck(torch.ops.torchfeed.decode_jpeg_window.default, (data, *box))
+    # at 1/4 the 123 x 157 image is 31 x 40
+    for box in [(0, 0, 31, 40), (5, 7, 11, 13), (30, 39, 1, 1)]:
+        torch.library.opcheck(
+            torch.ops.torchfeed.decode_jpeg_window.default, (data, *box, 89478485, 4)
+        )
 
 
 @needs_window_decoder
@@ -31,6 +36,14 @@ def test_raw_op_errors():
         op(data, 0, 0, 0, 1)
     with pytest.raises(ValueError, match=r"must lie inside the 123 x 157 image"):
         op(data, 0, 1, 1, 157)
+    for denom in (0, 3, 16, -2):
+        with pytest.raises(ValueError, match=f"scale_denom must be 1, 2, 4 or 8.*got {denom}"):
+            op(data, 0, 0, 1, 1, 89478485, denom)
+    # the box is checked against the scaled image: 123 x 157 at 1/8 is 16 x 20
+    with pytest.raises(
+        ValueError, match=r"inside the 16 x 20 image \(the JPEG at 1/8 of its size\)"
+    ):
+        op(data, 0, 0, 17, 1, 89478485, 8)
     cmyk = torch.frombuffer(bytearray(encode(picture(8, 8, "CMYK"))), dtype=torch.uint8)
     with pytest.raises(ValueError, match="CMYK/YCCK"):
         op(cmyk, 0, 0, 1, 1)

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from torchvision.io import ImageReadMode, decode_image, read_file
 
+from torchfeed._pil import decode_rgb, read_bytes
 from torchfeed._pipeline_bench.image_pipelines import MEAN, SIZE, STD, WINDOW_BOUND
 from torchfeed.decode import decode_window
 from torchfeed.ops.crop_flip_normalize import crop_flip_normalize
@@ -22,9 +22,9 @@ def decodable(files: Sequence[Path], count: int) -> list[tuple[Path, torch.Tenso
     """The first ``count`` files that decode: (path, encoded bytes, uint8 image)."""
     out = []
     for f in files:
-        encoded = read_file(str(f))
+        encoded = read_bytes(f)
         try:
-            out.append((f, encoded, decode_image(encoded, mode=ImageReadMode.RGB)))
+            out.append((f, encoded, decode_rgb(encoded)))
         except RuntimeError:
             continue  # unreadable: the pipelines skip it too
         if len(out) == count:

@@ -12,10 +12,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from torchfeed._pil import encode_jpeg
+
 __all__ = ["default_cache_dir", "ensure_builtin_dataset", "list_image_folder", "synthetic_image"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
-DATASET_VERSION = "v1"
+DATASET_VERSION = "v2"  # v2: encoded with Pillow
 
 
 def default_cache_dir() -> Path:
@@ -59,10 +61,8 @@ def ensure_builtin_dataset(
     classes: int = 10,
     progress: Callable[[int, int], None] | None = None,
 ) -> Path:
-    """``count`` JPEGs under ``cache_dir/images-v1`` in ImageFolder layout
+    """``count`` JPEGs under ``cache_dir/images-v2`` in ImageFolder layout
     (``class_07/00042.jpg``), generating only the ones missing. Returns the root."""
-    from torchvision.io import encode_jpeg
-
     root = (cache_dir or default_cache_dir()) / f"images-{DATASET_VERSION}"
     for i in range(count):
         path = root / f"class_{i % classes:02d}" / f"{i:05d}.jpg"
@@ -71,7 +71,7 @@ def ensure_builtin_dataset(
         path.parent.mkdir(parents=True, exist_ok=True)
         data = encode_jpeg(synthetic_image(i), quality=90)
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data.numpy().tobytes())
+        tmp.write_bytes(data)
         tmp.replace(path)  # never a half-written file under the real name
         if progress is not None:
             progress(i + 1, count)

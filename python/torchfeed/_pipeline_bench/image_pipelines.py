@@ -12,10 +12,11 @@ timings in ``stages``), on the same files in the same order:
   prefetcher's thread);
 - torchfeed with crop-window decoding: the workers draw each image's crop from the JPEG header
   and decode only that window (``torchfeed.decode.DecodeRandomCrop``, libjpeg-turbo), collate into
-  the shared ring; the prefetcher resizes, flips and normalizes (``ResizeRandomFlipNormalize``): the
-  same result as RandomResizedCrop on the full image, with less decoding;
-- on a GPU machine, torchfeed with GPU decoding: workers only read the files, and
-  ``torchvision.io.decode_jpeg(..., device="cuda")`` decodes the batch on the GPU.
+  the shared ring; the prefetcher resizes, flips and normalizes (``ResizeRandomFlipNormalize``):
+  the same result as RandomResizedCrop on the full image, with less decoding.
+
+Files are read and decoded with Pillow where the window decoder does not decode them
+(torchvision 0.29 deprecates its own decoder).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms import v2
 
+from torchfeed._pil import decode_rgb, read_bytes
 from torchfeed._pipeline_bench.runner import PipelineResult, run_epochs
 from torchfeed.collate import ImageCollate
 from torchfeed.data import SkipCorrupt
@@ -58,7 +59,6 @@ ZERO_COPY = "images: torchfeed zero-copy (fused in prefetcher)"
 ZERO_COPY_WORKERS = "images: torchfeed zero-copy, fused in workers"
 WINDOW = "images: torchfeed zero-copy + crop-window decode"
 WINDOW_WORKERS = WINDOW + ", fused in workers"
-GPU_DECODE = "images: torchfeed + GPU decode"
 FUSED_COMPOSE = "images: your torchvision pipeline fused (torchfeed.fuse, per sample)"
 
 
@@ -100,13 +100,10 @@ class FileDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        data = read_file(self.files[i])
+        data = read_bytes(self.files[i])
         if not self.decode:
             return data.numpy(), self.labels[i]  # numpy: stays on the host through prefetching
-        if callable(self.decode):
-            image = self.decode(data)
-        else:
-            image = decode_image(data, mode=ImageReadMode.RGB)
+        image = self.decode(data) if callable(self.decode) else decode_rgb(data)
         if self.transform is not None:
             image = self.transform(image)
         return image, self.labels[i]
@@ -215,26 +212,7 @@ def make_pipelines(
     pipelines[WINDOW] = window
     if workers > 0 and not gpu:
         pipelines[WINDOW_WORKERS] = window_in_workers
-    if gpu:
-
-        def gpu_decode():
-            ds = skipped.track(FileDataset(files, labels, decode=False))
-            dl = loader(ds, batch_size, workers, collate_fn=_bytes_collate)
-            t = fused_transform()
-
-            def decode_and_transform(batch):
-                encoded, labels_ = batch
-                images = decode_jpeg([torch.from_numpy(e) for e in encoded], device=device)
-                return t(images), labels_
-
-            return DevicePrefetcher(dl, device, pinned_ring=False, transform=decode_and_transform)
-
-        pipelines[GPU_DECODE] = gpu_decode
     return pipelines, n_batches
-
-
-def _bytes_collate(batch):
-    return [b[0] for b in batch], torch.tensor([b[1] for b in batch])
 
 
 class _Moved:

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset
-from torchvision.io import ImageReadMode, decode_image, read_file
 
+from torchfeed._pil import decode_rgb, read_bytes
 from torchfeed._pipeline_bench.agreement import decodable
 from torchfeed._pipeline_bench.image_pipelines import (
     MEAN,
@@ -91,12 +91,10 @@ def stage_breakdown(
     transformed = [tv(i) for i in decoded]
     float_batch = torch.stack(transformed)
     ragged = RaggedImages.from_images(decoded)
-    read_decode = _median_ms(
-        lambda: [decode_image(read_file(str(f)), mode=ImageReadMode.RGB) for f in files], repeat
-    )
+    read_decode = _median_ms(lambda: [decode_rgb(read_bytes(f)) for f in files], repeat)
     crop_decode = DecodeRandomCrop(generator=torch.Generator().manual_seed(0))  # windows only
-    read_window = _median_ms(lambda: [crop_decode(read_file(str(f))) for f in files], repeat)
-    windows: list[torch.Tensor] = [crop_decode(read_file(str(f))) for f in files]  # type: ignore[misc]
+    read_window = _median_ms(lambda: [crop_decode(read_bytes(f)) for f in files], repeat)
+    windows: list[torch.Tensor] = [crop_decode(read_bytes(f)) for f in files]  # type: ignore[misc]
     ragged_windows = RaggedImages.from_images(windows)
     resize = ResizeRandomFlipNormalize(SIZE, mean=MEAN, std=STD)
     fused_ms = _median_ms(lambda: fused(ragged), repeat)

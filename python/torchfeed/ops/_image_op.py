@@ -29,6 +29,7 @@ __all__ = [
     "host_parameter",
     "resize_arg",
     "resize_center_crop_grid",
+    "resized_size",
     "run",
     "size_pair",
 ]
@@ -166,6 +167,16 @@ def size_pair(size: int | Sequence[int], name: str = "size") -> tuple[int, int]:
     # an output is allocated per call: a typo (22400 for 224) must not silently take gigabytes
     check_image_pixels(pair[0], pair[1], f"{name} {pair}")
     return pair[0], pair[1]
+
+
+def resized_size(height: int, width: int, resize: int | Sequence[int]) -> tuple[int, int]:
+    """torchvision's ``resize`` output size: an int sets the shorter side (the longer one
+    truncated, as int() does, keeping the aspect ratio), a pair is the size."""
+    if not isinstance(resize, int):
+        return int(resize[0]), int(resize[1])
+    short, long = (height, width) if height <= width else (width, height)
+    new_long = int(resize * long / short)
+    return (resize, new_long) if height <= width else (new_long, resize)
 
 
 def resize_arg(resize: int | Sequence[int]) -> int | list[int]:

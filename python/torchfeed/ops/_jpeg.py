@@ -1,8 +1,8 @@
 """The JPEG plumbing of the window decoder (the op's public face is
 :mod:`torchfeed.ops.decode_jpeg_window`): what a file's header says (size, decodability by the
 window decoder), the box check, and the fallback for builds without libjpeg-turbo and for files
-it cannot decode that way (PNG and other formats, CMYK JPEGs): torchvision's full decode, then a
-slice (the same pixels, more work)."""
+it cannot decode that way (PNG and other formats, CMYK JPEGs): Pillow's full decode (the pixels
+torchvision's decoder gave), then a slice (the same pixels, more work)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from torch import Tensor
-from torchvision.io import ImageReadMode, decode_image
 
 from torchfeed._extension import C
+from torchfeed._pil import decode_rgb
 from torchfeed.limits import check_image_pixels
 
 __all__ = [
@@ -54,17 +54,18 @@ def jpeg_header(data: Tensor) -> tuple[int, int] | None:
     try:
         height, width, _, rgb_decodable = C.jpeg_info(data)
     except RuntimeError:
-        return None  # unreadable header: torchvision's decoder gives the error
+        return None  # unreadable header: the fallback decoder gives the error
     return (height, width) if rgb_decodable else None
 
 
-def decode_whole(data: Tensor) -> Tensor:
-    """The fallback: torchvision decodes the whole image (RGB), after checking the size its
-    header declares (JPEG, PNG) against :func:`torchfeed.limits.max_image_pixels`."""
+def decode_whole(data: Tensor, reduce: int = 1) -> Tensor:
+    """The fallback: Pillow decodes the whole image (RGB, uint8 ``[3, H, W]`` in HWC memory; a
+    JPEG at 1/``reduce`` of its size), after checking the size its header declares (JPEG, PNG)
+    against :func:`torchfeed.limits.max_image_pixels`."""
     size = png_size(data) or jpeg_frame_size(data)
     if size is not None:
         check_image_pixels(*size, "the image")
-    return decode_image(data, mode=ImageReadMode.RGB)
+    return decode_rgb(data, reduce)
 
 
 # Start-of-frame markers (SOF0-SOF15 but DHT, JPG and DAC): the frame header holding the size.

@@ -20,10 +20,10 @@ from torchvision.transforms.v2 import InterpolationMode
 
 from torchfeed._output_buffer import OutputBuffer
 from torchfeed._packing import Layout
+from torchfeed._pil import CHANNELS as PIL_CHANNELS
 from torchfeed.images import RaggedImages
 from torchfeed.ops._image_op import ImageOptions, OpImages, run
 from torchfeed.transforms._inputs import (
-    PIL_CHANNELS,
     TARGETS,
     as_op_image,
     is_image,

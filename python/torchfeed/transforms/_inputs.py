@@ -7,7 +7,6 @@ images and targets are found by v2's rules; and the conversion of an image to wh
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,9 +16,10 @@ import torch
 from torch import Tensor
 from torchvision import tv_tensors
 
+from torchfeed._pil import pixels
 from torchfeed.images import RaggedImages
 
-__all__ = ["PIL_CHANNELS", "TARGETS", "as_op_image", "is_batch", "is_image", "split_batch"]
+__all__ = ["TARGETS", "as_op_image", "is_batch", "is_image", "split_batch"]
 
 # The tv_tensors that follow their image's geometry (KeyPoints: torchvision 0.23 and later).
 TARGETS: tuple[type, ...] = tuple(
@@ -31,10 +31,6 @@ TARGETS: tuple[type, ...] = tuple(
     )
     if t is not None
 )
-
-# PIL modes whose pixels are 8-bit channels, as torchvision's pil_to_tensor reads them ("P" and
-# "1" give one channel: palette indices, 0/1), with the channel count.
-PIL_CHANNELS = {"L": 1, "P": 1, "1": 1, "LA": 2, "RGB": 3, "YCbCr": 3, "RGBA": 4, "CMYK": 4}
 
 
 def is_image(obj: Any) -> bool:
@@ -85,21 +81,7 @@ def as_op_image(image: Any, hwc: bool) -> Tensor:
         hwc_view = torch.from_numpy(image)
         return hwc_view if hwc else hwc_view.permute(2, 0, 1)
     if isinstance(image, PIL.Image.Image):
-        channels = PIL_CHANNELS.get(image.mode)
-        if channels is None:
-            raise TypeError(
-                f"a PIL image of mode {image.mode!r} has no 8-bit channels the fused op reads "
-                f"(modes {sorted(PIL_CHANNELS)}); convert it first, e.g. image.convert('RGB')"
-            )
-        if image.mode == "1":  # pil_to_tensor reads mode "1" as 0 and 1
-            return as_op_image(np.array(image, dtype=np.uint8)[:, :, None], hwc)
-        width, height = image.size
-        data = image.tobytes()
-        with warnings.catch_warnings():
-            # bytes are read-only; the op only reads them (torch warns that it cannot enforce it)
-            warnings.simplefilter("ignore", UserWarning)
-            flat = torch.frombuffer(data, dtype=torch.uint8)
-        hwc_view = flat.view(height, width, channels)
+        hwc_view = pixels(image)
         return hwc_view if hwc else hwc_view.permute(2, 0, 1)
     raise TypeError(
         "images must be PIL images, uint8 tensors ([C, H, W], or [H, W, C] with "

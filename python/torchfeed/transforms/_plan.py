@@ -21,7 +21,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from torchfeed.ops._image_op import resize_center_crop_grid
+from torchfeed.ops._image_op import resize_center_crop_grid, resized_size
 
 __all__ = ["CenterCrop", "Flip", "NotExact", "Plan", "RandomCrop", "Resize", "Step"]
 
@@ -48,11 +48,7 @@ class Resize:
     size: int | tuple[int, int]
 
     def out_size(self, h: int, w: int) -> tuple[int, int]:
-        if not isinstance(self.size, int):
-            return self.size
-        short, long = (h, w) if h <= w else (w, h)
-        new_long = int(self.size * long / short)  # torchvision's int() truncation
-        return (self.size, new_long) if h <= w else (new_long, self.size)
+        return resized_size(h, w, self.size)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,205 @@
+"""Decoding at a reduced scale: the window decoder at 1/2, 1/4 and 1/8 against Pillow's own
+reduced decode of the whole file (libjpeg's scaled IDCT, sliced), the scale each transform picks,
+the fallback's parity, and the result against the full-scale pipeline."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms import v2
+
+import torchfeed.ops._jpeg as jpeg_op
+from torchfeed.decode import DecodeCenterCrop, DecodeRandomCrop
+from torchfeed.ops.decode_jpeg_window import decode_jpeg_window
+from torchfeed.transforms import ResizeRandomFlipNormalize
+
+from jpeg_cases import JPEGS, encode, full_decode, needs_window_decoder, picture, random_boxes
+
+
+def pillow_reduced(data: bytes, r: int) -> torch.Tensor:
+    """The whole JPEG decoded by Pillow at 1/r (its draft mode picks libjpeg's scale)."""
+    with Image.open(io.BytesIO(data)) as im:
+        w, h = im.size
+        im.draft(im.mode, (w // r, h // r))
+        assert im.size == (math.ceil(w / r), math.ceil(h / r))
+        rgb = np.asarray(im.convert("RGB")).copy()
+    return torch.from_numpy(rgb).permute(2, 0, 1)
+
+
+def as_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+LARGE = {
+    "4:2:0": lambda: encode(picture(611, 803, seed=8), quality=90, subsampling=2),
+    "4:4:4 progressive": lambda: encode(
+        picture(480, 517, seed=9), quality=85, subsampling=0, progressive=True
+    ),
+    "grayscale": lambda: encode(picture(300, 421, "L", seed=10)),
+    "4:2:2 restart markers": lambda: encode(
+        picture(333, 444, seed=11), quality=80, subsampling=1, restart_marker_rows=1
+    ),
+}
+
+
+@needs_window_decoder
+@pytest.mark.parametrize("r", [2, 4, 8])
+@pytest.mark.parametrize("kind", [*LARGE, "progressive", "4:2:2"])
+def test_a_scaled_window_is_the_scaled_decode_sliced(kind, r):
+    data = (LARGE.get(kind) or JPEGS[kind])()
+    scaled = pillow_reduced(data, r)
+    height, width = scaled.shape[1:]
+    boxes = [(0, 0, height, width), (height - 1, width - 1, 1, 1), *random_boxes(height, width, 8)]
+    for top, left, h, w in boxes:
+        window = decode_jpeg_window(as_tensor(data), (top, left, h, w), r)
+        assert torch.equal(window, scaled[:, top : top + h, left : left + w]), (top, left, h, w)
+        assert window.permute(1, 2, 0).is_contiguous()
+
+
+@needs_window_decoder
+def test_the_scale_is_the_largest_that_keeps_the_output_size():
+    data = LARGE["4:2:0"]()  # 611 x 803
+    g = torch.Generator().manual_seed(0)
+    crop = DecodeRandomCrop(size=64, scale=(0.02, 1.0), return_box=True, generator=g)
+    seen = set()
+    for _ in range(80):
+        window, (top, left, h, w) = crop(data)
+        r = next((r for r in (8, 4, 2) if h >= r * 65 and w >= r * 65), 1)
+        seen.add(r)
+        assert window.shape[1:] == (
+            math.floor((top + h) / r + 0.5) - math.floor(top / r + 0.5),
+            math.floor((left + w) / r + 0.5) - math.floor(left / r + 0.5),
+        )
+        # never less than the output: the resize after it only shrinks
+        assert min(window.shape[1:]) >= 64
+        if r > 1:  # and one more halving would have gone below it
+            assert min(window.shape[1:]) < 4 * 65
+    assert seen == {1, 2, 4, 8}
+
+
+@needs_window_decoder
+def test_without_size_the_random_crop_is_the_full_scale_window():
+    data = LARGE["4:2:0"]()
+    a = DecodeRandomCrop(return_box=True, generator=torch.Generator().manual_seed(3))
+    b = DecodeRandomCrop(size=None, return_box=True, generator=torch.Generator().manual_seed(3))
+    full = full_decode(data)
+    for _ in range(5):
+        (wa, box), (wb, box_b) = a(data), b(data)
+        top, left, h, w = box
+        assert box == box_b and torch.equal(wa, wb)
+        assert torch.equal(wa, full[:, top : top + h, left : left + w])
+
+
+@pytest.mark.parametrize("kind", ["4:2:0", "4:4:4 progressive", "cmyk"])
+def test_the_fallback_decodes_at_the_same_scale(kind, monkeypatch):
+    """Pillow's reduced decode, sliced, is what the window decoder gives (and what a build
+    without libjpeg-turbo, or a CMYK JPEG, gets)."""
+    data = (LARGE.get(kind) or (lambda: encode(picture(400, 420, "CMYK", seed=12))))()
+    out = []
+    for use_window_decoder in (True, False):
+        if not jpeg_op.window_decoder() and use_window_decoder:
+            continue
+        monkeypatch.setattr(jpeg_op, "_use_window_decoder", use_window_decoder)
+        g = torch.Generator().manual_seed(5)
+        crop = DecodeRandomCrop(size=48, return_box=True, generator=g)
+        out.append([*(crop(data) for _ in range(6)), (DecodeCenterCrop(100, 48)(data), None)])
+    assert min(out[0][-1][0].shape[1:]) < 400 // 2  # the center crop was reduced
+    for (wa, ba), (wb, bb) in zip(out[0], out[-1], strict=True):
+        assert ba == bb and torch.equal(wa, wb)
+
+
+def test_png_is_never_scaled():
+    data = encode(picture(400, 400), "PNG")
+    window, (top, left, h, w) = DecodeRandomCrop(
+        size=32, return_box=True, generator=torch.Generator().manual_seed(1)
+    )(data)
+    assert torch.equal(window, full_decode(data)[:, top : top + h, left : left + w])
+    t = DecodeCenterCrop(64, 32)
+    top, left, h, w = t.box(400, 400)
+    assert (h, w) == (200, 200)  # 32 of 64 resized pixels: 200 of 400
+    assert torch.equal(t(data), full_decode(data)[:, top : top + h, left : left + w])
+
+
+def center_reference(image: torch.Tensor, resize, crop) -> torch.Tensor:
+    """torchvision's evaluation pipeline on the full image, to float in [0, 1]."""
+    out = v2.CenterCrop(crop)(v2.Resize(resize, antialias=True)(image))
+    return out.float() / 255
+
+
+@pytest.mark.parametrize(("resize", "crop"), [(256, 224), (64, 56), ((100, 90), 80), (57, 57)])
+def test_center_crop_box_is_the_preimage_of_the_crop(resize, crop):
+    t = DecodeCenterCrop(resize, crop, reduced=False)
+    for height, width in [(611, 803), (803, 611), (300, 300), (1000, 257)]:
+        top, left, h, w = t.box(height, width)
+        assert top >= 0 and top + h <= height and left >= 0 and left + w <= width
+        # it holds the preimage of the crop, widened by under a pixel each side
+        rh, rw = v2.functional.resize(torch.empty(1, height, width), resize).shape[1:]
+        ch, cw = (crop, crop) if isinstance(crop, int) else crop
+        fy, fx = height / rh, width / rw
+        ct, cl = round((rh - ch) / 2) * fy, round((rw - cw) / 2) * fx
+        assert top <= ct < top + 1 and left <= cl < left + 1
+        assert top + h >= ct + ch * fy > top + h - 1 or top + h == height
+        assert left + w >= cl + cw * fx > left + w - 1 or left + w == width
+
+
+@pytest.mark.parametrize("reduced", [False, True])
+def test_center_crop_after_its_resize_is_close_to_torchvision(reduced):
+    data = LARGE["4:2:0"]()
+    full = full_decode(data)
+    window = DecodeCenterCrop(96, 80, reduced=reduced)(data)
+    if reduced:  # the 611 x 803 image, resized to 96 short side: a window of ~509 px -> 1/4
+        assert min(window.shape[1:]) < 611 // 2
+    op = ResizeRandomFlipNormalize(80, p_flip=0.0, mean=(0, 0, 0), std=(1, 1, 1))
+    ours = op(window.unsqueeze(0))[0]
+    theirs = center_reference(full, 96, 80)
+    diff = (ours - theirs).abs()
+    # rounded edges (under a pixel) and, reduced, another filter: small, not zero
+    assert diff.mean() < 0.03 and diff.mean() > 0
+    assert ours.shape == theirs.shape == (3, 80, 80)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: DecodeRandomCrop(size=0), ValueError, r"size must be positive"),
+        (lambda: DecodeRandomCrop(size=(224, "x")), TypeError, r"size must be an int or"),
+        (
+            lambda: DecodeRandomCrop(size=True),
+            TypeError,
+            r"size must be an int or \(height, width\), got bool",
+        ),
+        (lambda: DecodeRandomCrop(return_box=1), TypeError, r"return_box must be a bool, got int"),
+        (lambda: DecodeCenterCrop(256, 0), ValueError, r"crop must be positive"),
+        (lambda: DecodeCenterCrop("256", 224), TypeError, r"resize"),
+        (
+            lambda: DecodeCenterCrop(256, 224, reduced="yes"),
+            TypeError,
+            r"reduced must be a bool, got str",
+        ),
+    ],
+)
+def test_bad_configuration(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_a_crop_larger_than_the_resized_image_is_an_error():
+    data = JPEGS["4:2:0"]()  # 123 x 157
+    with pytest.raises(
+        ValueError,
+        match=r"crop \(100, 100\) is larger than the 123 x 157 image resized to \(64, 81\)",
+    ):
+        DecodeCenterCrop(64, 100)(data)
+
+
+def test_repr_names_the_options():
+    assert repr(DecodeRandomCrop(size=224)).endswith("size=(224, 224))")
+    assert (
+        repr(DecodeCenterCrop(256, 224))
+        == "DecodeCenterCrop(resize=256, crop=(224, 224), reduced=True)"
+    )
