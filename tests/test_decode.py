@@ -168,7 +168,7 @@ def test_truncated_jpeg_raises_like_pillow():
     cut = data[: len(data) // 2]
     with pytest.raises(RuntimeError):
         full_decode(cut)
-    truncated = "Premature end of JPEG file|incomplete or truncated"  # ours | Pillow's
+    truncated = "Premature end of JPEG file|truncated"  # ours | Pillow's (its wording varies)
     with pytest.raises(RuntimeError, match=truncated):
         decode_window(cut, (0, 0, 123, 157))  # the window needs rows past the cut
     with pytest.raises(RuntimeError, match=truncated):

@@ -114,7 +114,7 @@ class Plan:
     @property
     def flip_first(self) -> bool:
         """Whether the flip comes before the crop (then the op crops the mirrored box)."""
-        return bool(self.steps) and isinstance(self.steps[0], Flip) and len(self.steps) > 1
+        return len(self.steps) > 1 and isinstance(self.steps[0], Flip)
 
     @property
     def _spatial(self) -> tuple[Step, ...]:
