@@ -77,6 +77,10 @@ def test_bench_quick_prints_the_table(quick_run):
         "machine:",
         "images: torchfeed zero-copy + crop-window decode",
         "zero-copy + crop-window decode",
+        "images: torchfeed zero-copy + crop-window decode at reduced scale",
+        "CPU ms/sample",
+        "peak MB",
+        "decoding at reduced scale (",
     ):
         assert text in out, text
     # the built-in dataset was made in the cache: 40 JPEGs, ImageFolder layout
@@ -99,11 +103,17 @@ def test_bench_json_schema(quick_run):
             "first_epoch_s",
         } <= set(row)
         assert row["samples_per_s"] > 0
+        # the workers' CPU is counted: no pipeline delivers an image for nothing
+        assert row["cpu_ms_per_sample"] > 0 and row["peak_mb"] > 50
     baselines = [r for r in payload["results"] if r["speedup"] == 1.0]
     assert len(baselines) >= 2  # one per suite
     assert payload["agreement"]["max_abs_diff"] <= payload["agreement"]["bound"]
     assert payload["agreement"]["window_max_abs_diff"] <= payload["agreement"]["window_bound"]
-    assert all("window_ms" in row for row in payload["stages"] if "baseline_ms" in row)
+    assert all("scaled_ms" in row for row in payload["stages"] if "baseline_ms" in row)
+    # a scaled window differs a little from the full-scale one, and only when one was scaled
+    agreement = payload["agreement"]
+    assert (agreement["scaled_images"] > 0) == (agreement["scaled_mean_abs_diff"] > 0)
+    assert agreement["scaled_mean_abs_diff"] < 0.2
     assert {"cpu", "torch", "torchfeed"} <= set(payload["machine"])
 
 
@@ -177,3 +187,25 @@ def test_doctor():
     assert "OMP_WAIT_POLICY=PASSIVE" in out  # the workers + the main process's threads
     passive = run_cli("doctor", "--workers", workers, OMP_WAIT_POLICY="PASSIVE")
     assert passive.returncode == 0 and "OMP_WAIT_POLICY" not in passive.stdout
+
+
+def test_bench_large_uses_the_photo_sized_variant(tmp_path):
+    result = run_cli(
+        "bench", "--large", "--images", "3", "--suite", "images", "--quick", "--batch-size", "3",
+        "--workers", "0", "--no-progress", "--cache-dir", str(tmp_path / "cache"),
+        "--json", str(tmp_path / "o.json"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    files, _ = list_image_folder(tmp_path / "cache" / "photos-v1")
+    assert len(files) == 3
+    payload = json.loads((tmp_path / "o.json").read_text())
+    assert payload["settings"]["large"] is True and payload["settings"]["images"] == 3
+    # photo-sized crops: some are large enough to decode at a reduced scale
+    assert payload["agreement"]["scaled_images"] >= 1
+    assert 0 < payload["agreement"]["scaled_mean_abs_diff"] < 0.2
+
+
+def test_bench_large_does_not_go_with_data(tmp_path):
+    result = run_cli("bench", "--large", "--data", str(tmp_path), "--no-progress")
+    assert result.returncode == 2
+    assert "--large chooses the built-in dataset's variant" in result.stderr

@@ -14,7 +14,7 @@ from PIL import Image
 from torchvision.transforms import v2
 
 import torchfeed.ops._jpeg as jpeg_op
-from torchfeed.decode import DecodeCenterCrop, DecodeRandomCrop
+from torchfeed.decode import DecodeCenterCrop, DecodeRandomCrop, decode_window
 from torchfeed.ops.decode_jpeg_window import decode_jpeg_window
 from torchfeed.transforms import ResizeRandomFlipNormalize
 
@@ -203,3 +203,15 @@ def test_repr_names_the_options():
         repr(DecodeCenterCrop(256, 224))
         == "DecodeCenterCrop(resize=256, crop=(224, 224), reduced=True)"
     )
+
+
+@pytest.mark.parametrize("kind", ["4:2:0", "4:4:4 progressive"])
+def test_decode_window_with_a_size_is_the_random_crops_window(kind):
+    data = LARGE[kind]()
+    crop = DecodeRandomCrop(size=40, return_box=True, generator=torch.Generator().manual_seed(2))
+    for _ in range(5):
+        window, box = crop(data)
+        assert torch.equal(decode_window(data, box, size=40), window)
+        assert torch.equal(decode_window(data, box, size=(40, 40)), window)
+    with pytest.raises(ValueError, match="size must be positive"):
+        decode_window(data, box, size=-1)

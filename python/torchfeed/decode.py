@@ -107,17 +107,20 @@ def image_size(data: Any) -> tuple[int, int]:
     return int(image.shape[1]), int(image.shape[2])
 
 
-def decode_window(data: Any, box: Sequence[int] | Tensor) -> Tensor:
+def decode_window(
+    data: Any, box: Sequence[int] | Tensor, size: int | Sequence[int] | None = None
+) -> Tensor:
     """The RGB pixels of ``box`` = (top, left, height, width) of an encoded image: uint8
     ``[3, height, width]`` (HWC memory order, as decoders return it). For JPEGs only the window
     is decoded; the result equals a full decode (Pillow's, or torchvision's)
-    ``[:, top:top+height, left:left+width]`` exactly."""
-    data = _as_encoded(data)
-    header = _decodable_header(data)
-    if header is None:
-        return _slice_window(decode_whole(data), box)
-    top, left, h, w = check_box(box, *header)
-    return decode_jpeg_window(data, (top, left, h, w))
+    ``[:, top:top+height, left:left+width]`` exactly.
+
+    With ``size`` (the size the window will be resized to), a JPEG is decoded at the largest of
+    1/2, 1/4 and 1/8 of its size at which the window still has at least ``size`` pixels each
+    way, and the window returned is the box in that scaled image (see
+    :class:`DecodeRandomCrop`)."""
+    pair = None if size is None else size_pair(size)
+    return _Source(_as_encoded(data)).window(box, pair)
 
 
 def _reduction(height: float, width: float, size: tuple[int, int] | None) -> int:
@@ -142,27 +145,39 @@ def _scaled_box(box: Box, r: int, height: int, width: int) -> Box:
     return t, lft, max(1, min(b, height) - t), max(1, min(rgt, width) - lft)
 
 
-def _decode_box(data: Tensor, header: tuple[int, int] | None, box: Box, r: int) -> Tensor:
-    """The pixels of ``box`` (image pixels), decoded at 1/r of the image's size where r > 1."""
-    if header is not None:  # the window decoder
+class _Source:
+    """An encoded image and what its header says: its size, and whether the window decoder
+    takes it (``header``) or, failing that, whether it is a JPEG that the fallback can decode at
+    a reduced scale. A file whose size only a full decode tells is decoded once, here."""
+
+    def __init__(self, data: Tensor) -> None:
+        self.data = data
+        self.header = _decodable_header(data)
+        self.image: Tensor | None = None
+        if self.header is not None:
+            self.size, self.scalable = self.header, True
+            return
+        size = jpeg_frame_size(data)
+        if size is not None:  # a JPEG the window decoder does not take (CMYK, no libjpeg-turbo)
+            self.size, self.scalable = size, True
+        else:
+            self.image = decode_whole(data)
+            self.size, self.scalable = (int(self.image.shape[1]), int(self.image.shape[2])), False
+
+    def window(self, box: Any, size: tuple[int, int] | None = None) -> Tensor:
+        """The pixels of ``box`` (image pixels), decoded at the largest reduced scale keeping
+        ``size`` pixels each way where the file is a JPEG and ``size`` is given."""
+        box = check_box(box, *self.size)
+        r = _reduction(box[2], box[3], size) if self.scalable else 1
+        if self.header is not None:
+            if r == 1:
+                return decode_jpeg_window(self.data, box)
+            h, w = -(-self.header[0] // r), -(-self.header[1] // r)
+            return decode_jpeg_window(self.data, _scaled_box(box, r, h, w), r)
+        image = self.image if self.image is not None else decode_whole(self.data, r)
         if r == 1:
-            return decode_jpeg_window(data, box)
-        h, w = -(-header[0] // r), -(-header[1] // r)
-        return decode_jpeg_window(data, _scaled_box(box, r, h, w), r)
-    image = decode_whole(data, r)
-    if r == 1:
-        return _slice_window(image, box)
-    return _slice_window(image, _scaled_box(box, r, image.shape[1], image.shape[2]))
-
-
-def _fallback_size(data: Tensor) -> tuple[tuple[int, int], bool]:
-    """(height, width) of a file the window decoder does not take, from its header where it can
-    (a JPEG: then it can be decoded at a reduced scale too), else from a full decode."""
-    size = jpeg_frame_size(data)
-    if size is not None:
-        return size, True
-    image = decode_whole(data)
-    return (int(image.shape[1]), int(image.shape[2])), False
+            return _slice_window(image, box)
+        return _slice_window(image, _scaled_box(box, r, image.shape[1], image.shape[2]))
 
 
 class DecodeRandomCrop:
@@ -205,16 +220,9 @@ class DecodeRandomCrop:
         self.size = None if size is None else size_pair(size)
 
     def __call__(self, data: Any) -> Tensor | tuple[Tensor, Box]:
-        data = _as_encoded(data)
-        header = _decodable_header(data)
-        if header is not None:
-            box = resized_crop_box(*header, self.scale, self.ratio, self.generator)
-            window = _decode_box(data, header, box, _reduction(box[2], box[3], self.size))
-        else:
-            (height, width), jpeg = _fallback_size(data)
-            box = resized_crop_box(height, width, self.scale, self.ratio, self.generator)
-            r = _reduction(box[2], box[3], self.size) if jpeg else 1
-            window = _decode_box(data, None, box, r)
+        source = _Source(_as_encoded(data))
+        box = resized_crop_box(*source.size, self.scale, self.ratio, self.generator)
+        window = source.window(box, self.size)
         return (window, box) if self.return_box else window
 
     def __repr__(self) -> str:
@@ -260,13 +268,8 @@ class DecodeCenterCrop:
         return t, lft, b - t, r - lft
 
     def __call__(self, data: Any) -> Tensor:
-        data = _as_encoded(data)
-        header = _decodable_header(data)
-        size = header if header is not None else _fallback_size(data)[0]
-        jpeg = header is not None or jpeg_frame_size(data) is not None
-        box = self.box(*size)
-        reduce = self.crop if self.reduced and jpeg else None
-        return _decode_box(data, header, box, _reduction(box[2], box[3], reduce))
+        source = _Source(_as_encoded(data))
+        return source.window(self.box(*source.size), self.crop if self.reduced else None)
 
     def __repr__(self) -> str:
         return (

@@ -59,7 +59,20 @@ def check_agreement(files: Sequence[Path], count: int = 8) -> dict[str, float]:
         raise AssertionError(
             f"crop-window decoding disagrees with full decoding: max |diff| {window_diff:.2e}"
         )
+    # reduced-scale decoding: the same boxes at the largest scale keeping SIZE pixels; not the
+    # same pixels (another filter), so measured, not bounded: after normalization, in std units
+    scaled = [
+        decode_window(e, box, size=SIZE) for (_, e, _), box in zip(readable, boxes, strict=True)
+    ]
+    whole = torch.tensor([[0, 0, w.shape[1], w.shape[2]] for w in scaled])
+    from_scaled = crop_flip_normalize(scaled, whole, flips, SIZE, mean=MEAN, std=STD)
+    scaled_diff = (from_scaled - ours).abs()
     return {
+        "scaled_max_abs_diff": float(scaled_diff.max()),
+        "scaled_mean_abs_diff": float(scaled_diff.mean()),
+        "scaled_images": sum(
+            w.shape[1] < b[2] for w, b in zip(scaled, boxes.tolist(), strict=True)
+        ),
         "images": len(images),
         "max_abs_diff": diff,
         "bound": bound,

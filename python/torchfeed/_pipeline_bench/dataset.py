@@ -55,6 +55,28 @@ def synthetic_image(index: int, seed: int = 0) -> torch.Tensor:
     return (img[0].clamp(0, 1) * 255).round().to(torch.uint8)
 
 
+def _ensure_jpegs(
+    root: Path,
+    count: int,
+    classes: int,
+    make: Callable[[int], bytes],
+    progress: Callable[[int, int], None] | None,
+) -> Path:
+    """``count`` files ``root/class_07/00042.jpg`` (ImageFolder layout), ``make(i)`` writing
+    only the missing ones; each lands under its name whole or not at all."""
+    for i in range(count):
+        path = root / f"class_{i % classes:02d}" / f"{i:05d}.jpg"
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(make(i))
+        tmp.replace(path)  # never a half-written file under the real name
+        if progress is not None:
+            progress(i + 1, count)
+    return root
+
+
 def ensure_builtin_dataset(
     count: int,
     cache_dir: Path | None = None,
@@ -64,18 +86,9 @@ def ensure_builtin_dataset(
     """``count`` JPEGs under ``cache_dir/images-v2`` in ImageFolder layout
     (``class_07/00042.jpg``), generating only the ones missing. Returns the root."""
     root = (cache_dir or default_cache_dir()) / f"images-{DATASET_VERSION}"
-    for i in range(count):
-        path = root / f"class_{i % classes:02d}" / f"{i:05d}.jpg"
-        if path.exists():
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = encode_jpeg(synthetic_image(i), quality=90)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)  # never a half-written file under the real name
-        if progress is not None:
-            progress(i + 1, count)
-    return root
+    return _ensure_jpegs(
+        root, count, classes, lambda i: encode_jpeg(synthetic_image(i), quality=90), progress
+    )
 
 
 def list_image_folder(root: Path, limit: int | None = None) -> tuple[list[Path], list[int]]:
@@ -92,3 +105,51 @@ def list_image_folder(root: Path, limit: int | None = None) -> tuple[list[Path],
     classes = sorted({p.parent.name for p in files})
     index = {c: i for i, c in enumerate(classes)}
     return files, [index[p.parent.name] for p in files]
+
+
+# The large variant: photo-sized files, 2-12 megapixels in the aspect ratios cameras and phones
+# write, every fifth one progressive (as many web images are), quality 85-95.
+LARGE_VERSION = "v1"
+_ASPECTS = ((4, 3), (3, 2), (16, 9), (1, 1))
+
+
+def synthetic_photo(index: int, seed: int = 0) -> torch.Tensor:
+    """A uint8 RGB image [3, H, W] of 2-12 megapixels: the small images' content (colour
+    fields, soft shapes) laid out at a quarter of the size and upsampled, with full-resolution
+    texture and sensor noise, so its JPEG costs about what a photo of that size costs to decode."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + index + 7_777_777)
+    megapixels = 2.0 + 10.0 * float(torch.rand((), generator=g))
+    a, b = _ASPECTS[int(torch.randint(len(_ASPECTS), (), generator=g))]
+    if bool(torch.randint(2, (), generator=g)):  # portrait
+        a, b = b, a
+    w = int(math.sqrt(megapixels * 1e6 * a / b))
+    h = int(megapixels * 1e6 / w)
+    layout = synthetic_image(index, seed + 1).float().unsqueeze(0)
+    img = F.interpolate(layout, size=(h, w), mode="bilinear", align_corners=False)
+    # detail at two scales (texture, then grain): a photo's JPEG is mostly such coefficients
+    detail = torch.randn(1, 3, h // 3 + 1, w // 3 + 1, generator=g)
+    img += 14.0 * F.interpolate(detail, size=(h, w), mode="bilinear", align_corners=False)
+    img += 5.0 * torch.randn(1, 3, h, w, generator=g)
+    return img[0].clamp(0, 255).round().to(torch.uint8)
+
+
+def _large_encoding(index: int) -> dict:
+    return {"quality": 85 + index % 11, "progressive": index % 5 == 0}
+
+
+def ensure_large_dataset(
+    count: int,
+    cache_dir: Path | None = None,
+    classes: int = 10,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """``count`` photo-sized JPEGs (:func:`synthetic_photo`) under ``cache_dir/photos-v1``, in
+    the layout of :func:`ensure_builtin_dataset`, generating only the ones missing."""
+    root = (cache_dir or default_cache_dir()) / f"photos-{LARGE_VERSION}"
+    return _ensure_jpegs(
+        root,
+        count,
+        classes,
+        lambda i: encode_jpeg(synthetic_photo(i), **_large_encoding(i)),
+        progress,
+    )

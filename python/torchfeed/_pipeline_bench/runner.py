@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchfeed._pipeline_bench import resources
+
 __all__ = ["PipelineResult", "run_epochs"]
 
 
@@ -20,6 +22,8 @@ class PipelineResult:
     samples_per_epoch: int
     epoch_seconds: list[float] = field(default_factory=list)
     first_epoch_seconds: float = float("nan")
+    cpu_seconds: float | None = None  # all processes, over the timed epochs
+    peak_memory_bytes: int | None = None  # the process tree's PSS, over all epochs
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -30,6 +34,14 @@ class PipelineResult:
     def samples_per_second(self) -> float:
         return self.samples_per_epoch / self.median_epoch_seconds
 
+    @property
+    def cpu_ms_per_sample(self) -> float | None:
+        """CPU time (the main process and its workers, every thread) per sample delivered."""
+        samples = self.samples_per_epoch * len(self.epoch_seconds)
+        if self.cpu_seconds is None or samples == 0:
+            return None
+        return 1e3 * self.cpu_seconds / samples
+
     def row(self) -> dict[str, Any]:
         return {
             "pipeline": self.pipeline,
@@ -37,6 +49,8 @@ class PipelineResult:
             "samples_per_s": self.samples_per_second,
             "epoch_s": self.median_epoch_seconds,
             "first_epoch_s": self.first_epoch_seconds,
+            "cpu_ms_per_sample": self.cpu_ms_per_sample,
+            "peak_mb": None if self.peak_memory_bytes is None else self.peak_memory_bytes / 2**20,
             **self.extra,
         }
 
@@ -62,10 +76,15 @@ def run_epochs(
     show_progress: bool = True,
 ) -> PipelineResult:
     """Runs ``epochs + 1`` epochs of ``make_iterable()`` (created once, so persistent workers
-    stay up); ``consume(batch)`` does the step's use of a batch and returns its sample count."""
+    stay up); ``consume(batch)`` does the step's use of a batch and returns its sample count.
+    Also measures the CPU time of the timed epochs and the peak memory of all of them."""
+    meter = resources.ProcessTreeMeter().start()
     iterable = make_iterable()
     result = PipelineResult(pipeline, config, samples_per_epoch=0)
+    cpu_start = None
     for epoch in range(epochs + 1):
+        if epoch == 1 and resources.supported():
+            cpu_start = resources.tree_cpu_seconds()
         seen = 0
         start = time.perf_counter()
         desc = f"{pipeline} [{config}] epoch {epoch}{' (start-up)' if epoch == 0 else ''}"
@@ -77,6 +96,9 @@ def run_epochs(
         else:
             result.epoch_seconds.append(elapsed)
         result.samples_per_epoch = seen
+    if cpu_start is not None:
+        result.cpu_seconds = resources.tree_cpu_seconds() - cpu_start
+    result.peak_memory_bytes = meter.stop()
     close = getattr(iterable, "close", None)
     if close is not None:
         close()

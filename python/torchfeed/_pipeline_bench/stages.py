@@ -96,6 +96,10 @@ def stage_breakdown(
     read_window = _median_ms(lambda: [crop_decode(read_bytes(f)) for f in files], repeat)
     windows: list[torch.Tensor] = [crop_decode(read_bytes(f)) for f in files]  # type: ignore[misc]
     ragged_windows = RaggedImages.from_images(windows)
+    scaled_decode = DecodeRandomCrop(size=SIZE, generator=torch.Generator().manual_seed(0))
+    read_scaled = _median_ms(lambda: [scaled_decode(read_bytes(f)) for f in files], repeat)
+    scaled: list[torch.Tensor] = [scaled_decode(read_bytes(f)) for f in files]  # type: ignore[misc]
+    ragged_scaled = RaggedImages.from_images(scaled)
     resize = ResizeRandomFlipNormalize(SIZE, mean=MEAN, std=STD)
     fused_ms = _median_ms(lambda: fused(ragged), repeat)
     images_with_labels = [(d, 0) for d in decoded]
@@ -106,6 +110,7 @@ def stage_breakdown(
             "torchfeed_ms": read_decode,
             "zero_copy_ms": read_decode,
             "window_ms": read_window,
+            "scaled_ms": read_scaled,
         },
         {
             "stage": "transform (baseline: in workers)",
@@ -113,6 +118,7 @@ def stage_breakdown(
             "torchfeed_ms": fused_ms,
             "zero_copy_ms": fused_ms,
             "window_ms": _median_ms(lambda: resize(ragged_windows), repeat),
+            "scaled_ms": _median_ms(lambda: resize(ragged_scaled), repeat),
         },
         {
             "stage": "collate + worker -> main transfer",
@@ -127,6 +133,9 @@ def stage_breakdown(
             ),
             "window_ms": _collate_transfer_ms(
                 [(w, 0) for w in windows], ImageCollate(0), len(files), repeat, zero_copy=True
+            ),
+            "scaled_ms": _collate_transfer_ms(
+                [(w, 0) for w in scaled], ImageCollate(0), len(files), repeat, zero_copy=True
             ),
         },
     ]
@@ -159,6 +168,7 @@ def stage_breakdown(
                 "torchfeed_ms": _median_ms(ring_copy, repeat),
                 "zero_copy_ms": registered_copy(ragged),
                 "window_ms": registered_copy(ragged_windows),
+                "scaled_ms": registered_copy(ragged_scaled),
             }
         )
     else:
@@ -170,6 +180,7 @@ def stage_breakdown(
             "torchfeed_ms": ragged.data.nbytes / 1e6,
             "zero_copy_ms": ragged.data.nbytes / 1e6,
             "window_ms": ragged_windows.data.nbytes / 1e6,
+            "scaled_ms": ragged_scaled.data.nbytes / 1e6,
         }
     )
     return rows

@@ -1,0 +1,109 @@
+"""What a pipeline costs besides time: the CPU seconds of the benchmark's process and all its
+descendants (the DataLoader's workers), and the peak of the memory they hold together.
+
+Memory is the proportional set size (Linux's ``Pss``: a page shared by n processes counts 1/n in
+each), summed over the process tree and sampled every ``interval`` seconds, so shared-memory
+batches and the pages workers inherit are counted once, not once per process. Linux only (read
+from ``/proc``); elsewhere both figures are None."""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+from pathlib import Path
+
+__all__ = ["ProcessTreeMeter", "supported"]
+
+_PROC = Path("/proc")
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def supported() -> bool:
+    return (_PROC / "self" / "smaps_rollup").exists()
+
+
+def _descendants(root: int) -> list[int]:
+    """``root`` and every live process below it (from each process's parent in /proc/*/stat)."""
+    parents: dict[int, int] = {}
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # the command name is in parentheses and may hold spaces: the fields follow the last ")"
+        fields = stat[stat.rindex(")") + 2 :].split()
+        parents[int(entry.name)] = int(fields[1])
+    tree, frontier = [root], [root]
+    while frontier:
+        frontier = [pid for pid, parent in parents.items() if parent in frontier]
+        tree += frontier
+    return tree
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+
+
+def _pss_bytes(pid: int) -> int:
+    try:
+        text = (_PROC / str(pid) / "smaps_rollup").read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process, its live descendants, and the children it has
+    waited for (workers that already exited)."""
+    live = sum(_cpu_seconds(pid) for pid in _descendants(os.getpid()))
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return live + reaped.ru_utime + reaped.ru_stime
+
+
+def tree_pss_bytes() -> int:
+    return sum(_pss_bytes(pid) for pid in _descendants(os.getpid()))
+
+
+class ProcessTreeMeter:
+    """Samples the process tree's memory in a thread from ``start()`` to ``stop()``; ``peak``
+    is the largest sum seen (bytes), None where /proc cannot tell."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        self.interval = interval
+        self.peak: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> ProcessTreeMeter:
+        if not supported():
+            return self
+        self.peak = tree_pss_bytes()
+        self._thread = threading.Thread(target=self._run, name="torchfeed-bench-meter", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        if self.peak is not None:
+            self.peak = max(self.peak, tree_pss_bytes())
+
+    def stop(self) -> int | None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sample()
+        return self.peak

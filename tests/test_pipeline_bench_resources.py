@@ -1,0 +1,68 @@
+"""The bench's CPU and memory meters: a worker's CPU and memory are counted, shared pages once."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import pytest
+
+from torchfeed._pipeline_bench import dataset, resources
+
+pytestmark = pytest.mark.skipif(not resources.supported(), reason="needs Linux's /proc")
+
+
+def spin(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_a_childs_cpu_is_counted_while_it_runs_and_after_it_exits():
+    ctx = mp.get_context("fork")
+    before = resources.tree_cpu_seconds()
+    child = ctx.Process(target=spin, args=(0.6,))
+    child.start()
+    time.sleep(0.45)
+    live = resources.tree_cpu_seconds() - before  # the child is alive and spinning
+    child.join()
+    after = resources.tree_cpu_seconds() - before  # reaped: counted through RUSAGE_CHILDREN
+    assert live > 0.1
+    assert 0.55 < after < 2.0
+
+
+def hold(megabytes: int, ready, done) -> None:
+    block = bytearray(megabytes * 2**20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1  # touch every page
+    ready.set()
+    done.wait(10)
+
+
+def test_the_peak_includes_a_childs_memory():
+    ctx = mp.get_context("fork")
+    meter = resources.ProcessTreeMeter(interval=0.02).start()
+    base = meter.peak
+    ready, done = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=hold, args=(200, ready, done))
+    child.start()
+    assert ready.wait(10)
+    meter.sample()
+    done.set()
+    child.join()
+    peak = meter.stop()
+    assert base is not None and peak is not None
+    assert peak - base > 190 * 2**20
+
+
+def test_the_photo_sized_variant():
+    sizes = []
+    for i in range(5):
+        image = dataset.synthetic_photo(i)
+        assert image.dtype.is_floating_point is False and image.shape[0] == 3
+        sizes.append(image.shape[1] * image.shape[2])
+    assert all(2e6 <= s <= 12.1e6 for s in sizes), sizes
+    assert (
+        dataset._large_encoding(0)["progressive"] and not dataset._large_encoding(1)["progressive"]
+    )
+    assert dataset.synthetic_photo(3).equal(dataset.synthetic_photo(3))  # deterministic
