@@ -116,6 +116,8 @@ PYBIND11_MODULE(_C, m) {
       .def("record_many", &SharedRing::record_many, pybind11::arg("views"), pybind11::arg("stream"),
            pybind11::arg("device"))
       .def("register_pinned", &SharedRing::register_pinned)
+      .def("populate", &SharedRing::populate, pybind11::arg("nbytes"),
+           pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("reclaim_dead", &SharedRing::reclaim_dead)
       .def("reclaim_before", &SharedRing::reclaim_before, pybind11::arg("generation"))
       .def("next_generation", &SharedRing::next_generation)

@@ -90,6 +90,24 @@ def test_transform_error_surfaces():
     assert wait_for_no_threads()
 
 
+class Unstartable:
+    def __iter__(self):
+        raise OSError("the loader cannot start")
+
+
+def test_a_loader_that_cannot_start_fails_at_iter_and_nothing_else(monkeypatch):
+    import gc
+    import sys
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(OSError, match="the loader cannot start"):
+        iter(DevicePrefetcher(Unstartable(), "cpu"))
+    gc.collect()  # the half-made iterator goes without an error of its own
+    assert unraisable == []
+    assert wait_for_no_threads()
+
+
 def test_break_leaves_no_thread():
     loader = DataLoader(Numbers(200), batch_size=2, num_workers=2)
     for i, _ in enumerate(DevicePrefetcher(loader, device="cpu", depth=3)):

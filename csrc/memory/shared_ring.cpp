@@ -44,8 +44,10 @@ SharedRing::SharedRing(int64_t base, int64_t size)
 
 namespace {
 int64_t map_fd(int fd, int64_t size) {
-  void* p = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE,
-                 MAP_SHARED | MAP_POPULATE, fd, 0);
+  // Not MAP_POPULATE: that would allocate the whole capacity at once. Pages are allocated as
+  // they are first touched; first fit keeps regions low, so a ring touches no more than its
+  // high-water mark, and populate() makes the expected part resident up front.
+  void* p = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     throw std::runtime_error("SharedRing: mmap of " + std::to_string(size) + " bytes failed");
   }
@@ -103,6 +105,27 @@ std::shared_ptr<SharedRing> SharedRing::attach(int fd) {
 SharedRing::~SharedRing() {
   unregister_pinned();
   munmap(reinterpret_cast<void*>(base_), static_cast<size_t>(size_));
+}
+
+int64_t SharedRing::populate(int64_t nbytes) {
+  if (nbytes < 0) {
+    throw std::invalid_argument("SharedRing.populate: nbytes must be >= 0, got " +
+                                std::to_string(nbytes));
+  }
+  const int64_t n = align_up(std::min(nbytes, control_->capacity), 4096);
+  if (n == 0) return 0;
+  auto* start = reinterpret_cast<uint8_t*>(data_address());
+#ifdef MADV_POPULATE_WRITE
+  // Linux 5.14+: allocates and maps the pages writable without changing a byte, so it is safe
+  // while other processes write regions of the ring.
+  if (madvise(start, static_cast<size_t>(n), MADV_POPULATE_WRITE) == 0) return n;
+#endif
+  // Older kernels: read one byte of each page (maps them; allocation of untouched shmem pages
+  // then happens on their first write, as before).
+  volatile uint8_t sink = 0;
+  for (int64_t at = 0; at < n; at += 4096) sink = sink + start[at];
+  (void)sink;
+  return n;
 }
 
 at::Tensor SharedRing::region(int64_t offset, int64_t nbytes) {

@@ -71,6 +71,10 @@ class SharedRing : public std::enable_shared_from_this<SharedRing> {
   // Main: fences the regions under `views` (each once) after the work queued now on `stream`
   // (memory/fence.h); returns how many.
   int64_t record_many(const std::vector<at::Tensor>& views, int64_t stream, int64_t device);
+  // Makes the first nbytes of the data area resident and mapped in this process (regions are
+  // placed first fit from the start), so the batches of the first epoch do not fault their
+  // pages in one by one; returns the bytes populated (rounded to pages, at most the capacity).
+  int64_t populate(int64_t nbytes);
   // Main: page-locks the data area with cudaHostRegister (returns false without a GPU).
   bool register_pinned();
   // Main: frees regions whose owner process is gone; returns how many.

@@ -15,7 +15,9 @@ region after the copy, so a worker never overwrites memory a copy may still be r
 
 from __future__ import annotations
 
+import os
 import random
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,7 +46,9 @@ class ZeroCopyLoader(ResumableLoader):
     a copy of itself that returns ``ring.pack(batch)`` inside workers. The batches you get are
     identical to the ordinary path's; with ``num_workers=0`` there is nothing to share and it is
     an ordinary DataLoader. ``ring_capacity`` (bytes) defaults to enough for every batch the
-    workers can have in flight, measured on a first batch collated in this process;
+    workers can have in flight, estimated from a first batch's first 8 samples collated in
+    this process; memory is allocated as batches use it (about the batches in flight), and the
+    part the queued batches take is made resident before the workers start;
     ``ring_timeout`` is how long a worker waits for space (seconds, or None: forever).
     """
 
@@ -85,24 +89,52 @@ class ZeroCopyLoader(ResumableLoader):
 
     def _make_ring(self) -> None:
         capacity = self._ring_capacity
+        resident = 0
         if capacity is None:
-            nbytes = self._probe_batch_bytes()
-            in_flight = self.num_workers * (self.prefetch_factor or 2) + 4
-            capacity = int(nbytes * 1.5 + 4096) * in_flight
+            nbytes, exact = self._probe_batch_bytes()
+            waiting = self.num_workers * (self.prefetch_factor or 2)  # batches the loader queues
+            # room for those, for the batches the consumer holds, and for batches larger than
+            # the probe's (more so when it is an estimate); memory is allocated as it is used,
+            # and the part the queued batches and the current one take is made resident now
+            margin = 1.5 if exact else 2.0
+            capacity = int(nbytes * margin + 4096) * (waiting + 4)
+            resident = nbytes * (waiting + 1)
+            most = _physical_memory() // 2
+            if capacity > most:
+                warnings.warn(
+                    f"zero_copy: batches of about {nbytes / 1e6:.0f} MB, {waiting} queued "
+                    f"(num_workers x prefetch_factor) and those the consumer holds, would want "
+                    f"a ring of {capacity / 1e9:.1f} GB; it gets half this machine's memory, "
+                    f"{most / 1e9:.1f} GB (workers wait for room when it is full). Smaller "
+                    "batches help, and so does decoding crop windows in the workers "
+                    "(torchfeed.decode.DecodeRandomCrop) rather than whole images",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                capacity = most
+                resident = min(resident, most)
         self.shared_ring = SharedRing(capacity, timeout=self._ring_timeout)
+        if resident:
+            self.shared_ring.populate(resident)
         self.collate_fn = _bind(self._unbound_collate, self.shared_ring)
 
-    def _probe_batch_bytes(self) -> int:
-        """The bytes of a first batch, collated here to size the ring, with every random state
-        it could move (torch's, numpy's, random's) put back: the user's draws, and the batches
-        the workers make, are the ordinary path's."""
+    _PROBE_SAMPLES = 8
+
+    def _probe_batch_bytes(self) -> tuple[int, bool]:
+        """The bytes of a batch, measured on a first batch collated here (on its first 8
+        samples, scaled up, when batches are larger), and whether that is exact (the whole
+        batch). Every random state it could move (torch's, numpy's, random's) is put back: the
+        user's draws, and the batches the workers make, are the ordinary path's."""
         saved = torch.get_rng_state(), np.random.get_state(), random.getstate()
         try:
             size = len(self.dataset)  # type: ignore[arg-type]  # map-style: checked in __init__
-            first = [self.dataset[i] for i in range(min(self.batch_size or 1, size))]
-            return sum(
+            batch = min(self.batch_size or 1, size)
+            probe = min(batch, self._PROBE_SAMPLES)
+            first = [self.dataset[i] for i in range(probe)]
+            nbytes = sum(
                 t.numel() * t.element_size() for t in tensors_of(self._unbound_collate(first))
             )
+            return -(-nbytes * batch // max(probe, 1)), probe == batch
         finally:
             torch.set_rng_state(saved[0])
             np.random.set_state(saved[1])
@@ -123,6 +155,10 @@ class ZeroCopyLoader(ResumableLoader):
         # (One iterator per loader at a time, as with persistent workers.)
         ring.reclaim_before(start)
         return _Unpacking(it, ring)
+
+
+def _physical_memory() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class _Unpacking:

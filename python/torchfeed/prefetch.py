@@ -229,7 +229,9 @@ class _PrefetchIterator:
     def close(self) -> None:
         """Stops the background thread (idempotent)."""
         self._done = True
-        self._producer.close()
+        producer = getattr(self, "_producer", None)  # None: the loader failed to start
+        if producer is not None:
+            producer.close()
 
     def __del__(self) -> None:
         self.close()

@@ -14,6 +14,7 @@ from torch.utils.data import Dataset
 
 import torchfeed
 from torchfeed import ImageCollate, PadCollate, RaggedBatch, loader
+from torchfeed._tree import tensors_of
 from torchfeed.memory import SharedRing
 
 many_workers = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -289,3 +290,68 @@ def test_collate_transform_must_match_layout():
         ImageCollate(0, layout="HWC", transform=t)
     with pytest.raises(TypeError, match="transform must be a torchfeed batch transform"):
         ImageCollate(0, transform=lambda x: x)
+
+
+def _shmem_kb() -> int:
+    """This process's resident shared memory (the ring's pages it has mapped), in kB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssShmem:"))
+
+
+def test_a_ring_allocates_what_it_uses_and_populate_makes_it_resident():
+    ring = SharedRing(1 << 30)  # 1 GiB of capacity costs nothing until touched
+    before = _shmem_kb()
+    assert before < 64 * 1024
+    assert ring.populate(100 << 20) == 100 << 20
+    assert _shmem_kb() - before >= 95 * 1024  # resident now, not at the first batch
+    assert ring.populate(5) == 100 << 20  # never less than what is already populated
+    assert SharedRing(1 << 20).populate(1 << 30) == 1 << 20  # at most the capacity
+    assert SharedRing(1 << 20).populate(4097) == 8192  # whole pages
+    with pytest.raises(ValueError, match=r"populate: nbytes must be an int >= 0 \(bytes\), got -1"):
+        ring.populate(-1)
+    with pytest.raises(ValueError, match="populate: nbytes must be an int >= 0"):
+        ring.populate(1.5)
+
+
+class Counted(Dataset):
+    """Fixed-size samples (1 KiB of image, a label), counting the reads made in this process."""
+
+    def __init__(self, n=100, side=32):
+        self.n, self.side, self.reads = n, side, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return torch.full((self.side, self.side, 1), i % 256, dtype=torch.uint8), i
+
+
+def test_the_ring_is_sized_from_eight_samples_and_the_loader_queue():
+    data = Counted()
+    dl = loader(data, zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"), batch_size=32,
+                num_workers=2, prefetch_factor=3)  # fmt: skip
+    batches = list(dl)
+    assert len(batches) == 4 and data.reads == 8  # the probe read 8 samples here, not 32
+    eight = ImageCollate(0, layout="HWC")([Counted()[i] for i in range(8)])
+    per_batch = 4 * sum(t.numel() * t.element_size() for t in tensors_of(eight))
+    ring = dl.shared_ring
+    # an estimate (8 of 32 samples): twice the bytes, for 2 x 3 queued batches + 4 held
+    assert ring.capacity == (2 * per_batch + 4096) * (2 * 3 + 4)
+    assert ring._populated >= per_batch * 7  # the queued batches and the current one
+    assert ring.stats()["high_water"] <= ring._populated
+    plain = list(loader(Counted(), collate_fn=ImageCollate(0, layout="HWC"), batch_size=32))
+    assert same(batches, plain)
+
+
+def test_a_ring_is_never_sized_beyond_half_the_machine(monkeypatch):
+    import torchfeed.loaders as loaders
+
+    monkeypatch.setattr(loaders, "_physical_memory", lambda: 16 << 20)  # a 16 MiB machine
+    # batches of 8 x 256 KiB: 2 MiB each, so 1.5 x 2 MiB x (2 queued + 4) wanted
+    dl = loader(Counted(40, side=512), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"),
+                batch_size=8, num_workers=1)  # fmt: skip
+    with pytest.warns(RuntimeWarning, match=r"want a ring of 0\.0 GB; it gets half this machine"):
+        count = sum(1 for _ in dl)  # each batch dropped before the next
+    assert dl.shared_ring.capacity == 8 << 20 and count == 5
+    assert dl.shared_ring.stats()["allocations"] == 5  # workers waited for room, none fell back

@@ -85,12 +85,15 @@ class SharedRing(RingBase):
             if pinned and not registered:
                 raise ValueError("SharedRing: pinned=True needs a usable CUDA GPU")
         self._warned_oversize = False
+        self._populated = 0
 
     def __reduce__(self):
-        return (_attach, (self._owner, self._fd, self.timeout))
+        return (_attach, (self._owner, self._fd, self.timeout, self._populated))
 
     @classmethod
-    def _attached(cls, owner: int, fd: int, timeout: float | None) -> SharedRing:
+    def _attached(
+        cls, owner: int, fd: int, timeout: float | None, populated: int = 0
+    ) -> SharedRing:
         self = object.__new__(cls)
         self.timeout = timeout
         self._owner = owner
@@ -102,7 +105,22 @@ class SharedRing(RingBase):
         finally:
             os.close(local)  # the mapping stays
         self._warned_oversize = False
+        self._populated = 0
+        if populated:
+            self.populate(populated)  # the part the owner made resident: mapped here too
         return self
+
+    def populate(self, nbytes: int) -> int:
+        """Makes the first ``nbytes`` of the ring resident and mapped, now, in this process and
+        in the workers that attach afterwards. Memory is otherwise allocated page by page as
+        batches first touch it (regions are placed first fit from the start, so a ring uses
+        about its high-water mark, however large its capacity): populate what the batches in
+        flight will use, and the first epoch does not fault it in under load. Returns the bytes
+        populated (whole pages, at most the capacity)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"populate: nbytes must be an int >= 0 (bytes), got {nbytes!r}")
+        self._populated = max(self._populated, self._ring.populate(nbytes))
+        return self._populated
 
     def stats(self) -> dict[str, int]:
         """capacity, bytes_in_use, regions_in_workers (being written or in transit),
@@ -178,8 +196,8 @@ class SharedRing(RingBase):
             self._fd = -1
 
 
-def _attach(owner: int, fd: int, timeout: float | None) -> SharedRing:
-    return SharedRing._attached(owner, fd, timeout)
+def _attach(owner: int, fd: int, timeout: float | None, populated: int = 0) -> SharedRing:
+    return SharedRing._attached(owner, fd, timeout, populated)
 
 
 def _materialize(leaf: Any) -> Tensor:
