@@ -1,12 +1,21 @@
 """Decoding a random crop in a worker: torchfeed's crop-window decode against Pillow's
 whole-image decode followed by the same crop (what ``RandomResizedCrop`` does to a PIL image
-loaded in ``__getitem__``; torchvision 0.29 deprecates its own decoder), on the same 64 JPEGs
-(the bench dataset's images, 300-600 px a side, quality 90) with the same boxes
-(RandomResizedCrop's default scale, (0.08, 1): the crop covers about half the image on
-average). Both give the same pixels (tests/test_decode.py).
+loaded in ``__getitem__``; torchvision 0.29 deprecates its own decoder), on the same JPEGs with
+the same boxes (RandomResizedCrop's default scale, (0.08, 1): the crop covers about half the
+image on average). Both give the same pixels (tests/test_decode.py).
+
+Two sets: 64 of the bench dataset's images (300-600 px a side, quality 90), and 12 photo-sized
+ones (the bench's large variant: 2-12 MP, some progressive; or your own folder,
+TORCHFEED_BENCH_PHOTOS=DIR). On each, torchfeed also decodes the window at the largest DCT scale
+still giving 224 pixels each way (``DecodeRandomCrop(size=224)``: other pixels, see README), and
+the floor is libjpeg-turbo decoding the whole file at 1/8 scale (Pillow's draft mode), about
+the cost of reading its entropy-coded data once.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,34 +23,54 @@ import torch
 import torchfeed.decode as tio
 import torchfeed.ops._jpeg as jpeg_op
 from torchfeed._pil import decode_rgb, encode_jpeg
-from torchfeed._pipeline_bench.dataset import synthetic_image
+from torchfeed._pipeline_bench.dataset import (
+    list_image_folder,
+    photo_encoding,
+    synthetic_image,
+    synthetic_photo,
+)
 from torchfeed.sampling import resized_crop_box
 
-BATCH = 64
-GROUP = "decode random crop, 64 JPEGs (CPU)"
+SETS = ("64 JPEGs 300-600 px", "12 photo-sized JPEGs")
 
 
-@pytest.fixture(scope="module")
-def jpegs():
-    files = [encode_jpeg(synthetic_image(i), quality=90) for i in range(BATCH)]
+def _files(name: str) -> list[bytes]:
+    if name == SETS[0]:
+        return [encode_jpeg(synthetic_image(i), quality=90) for i in range(64)]
+    folder = os.environ.get("TORCHFEED_BENCH_PHOTOS")
+    if folder:
+        return [p.read_bytes() for p in list_image_folder(Path(folder), limit=12)[0]]
+    return [encode_jpeg(synthetic_photo(i), **photo_encoding(i)) for i in range(12)]
+
+
+@pytest.fixture(scope="module", params=SETS)
+def jpegs(request):
+    files = _files(request.param)
     g = torch.Generator().manual_seed(0)
     boxes = [resized_crop_box(*tio.image_size(f), generator=g) for f in files]
-    return files, boxes
+    return f"decode random crop, {request.param} (CPU)", files, boxes
 
 
 def test_decode_crop_torchfeed_window(benchmark, role, jpegs):
     if not jpeg_op.window_decoder():
         pytest.skip("built without libjpeg-turbo")
-    benchmark.group = GROUP
+    benchmark.group, files, boxes = jpegs
     role("torchfeed")
-    files, boxes = jpegs
     benchmark(lambda: [tio.decode_window(f, b) for f, b in zip(files, boxes, strict=True)])
 
 
+def test_decode_crop_torchfeed_window_reduced_scale(benchmark, role, jpegs):
+    benchmark.group, files, boxes = jpegs
+    role("torchfeed")
+    size = (224, 224)
+    benchmark(
+        lambda: [tio.decode_window(f, b, size=size) for f, b in zip(files, boxes, strict=True)]
+    )
+
+
 def test_decode_crop_pillow_full_then_crop(benchmark, role, jpegs):
-    benchmark.group = GROUP
+    benchmark.group, files, boxes = jpegs
     role("baseline")
-    files, boxes = jpegs
 
     def run():
         out = []
@@ -51,3 +80,10 @@ def test_decode_crop_pillow_full_then_crop(benchmark, role, jpegs):
         return out
 
     benchmark(run)
+
+
+def test_decode_floor_pillow_whole_file_at_one_eighth(benchmark, role, jpegs):
+    benchmark.group, files, _ = jpegs
+    role("floor")
+    encoded = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files]
+    benchmark(lambda: [decode_rgb(e, reduce=8) for e in encoded])

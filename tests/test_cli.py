@@ -189,6 +189,53 @@ def test_doctor():
     assert passive.returncode == 0 and "OMP_WAIT_POLICY" not in passive.stdout
 
 
+def _folder_of_jpegs(root: Path, shapes) -> Path:
+    for i, (h, w) in enumerate(shapes):
+        image = torch.full((3, h, w), 40 * i, dtype=torch.uint8)  # only headers are read
+        (root / "class_0").mkdir(parents=True, exist_ok=True)
+        (root / "class_0" / f"{i}.jpg").write_bytes(encode_jpeg(image, progressive=i == 0))
+    return root
+
+
+def test_doctor_reads_the_users_images(tmp_path):
+    photos = _folder_of_jpegs(tmp_path / "photos", [(1500, 2000), (2448, 3264), (1600, 1200)])
+    (photos / "class_0" / "broken.jpg").write_bytes(b"not a jpeg")
+    out = run_cli("doctor", "--data", str(photos), "--batch-size", "32")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    # the median of 3.00, 8.00 and 1.92 MP; the progressive one counted; the broken one named
+    assert (
+        "4 files; of 4 sampled: median 3.00 MP, largest 7.99 MP, 3 JPEG (1 progressive), 1 unreadable"
+        in text
+    )
+    assert "DecodeRandomCrop(size=224)" in text and "about 1/4" in text
+    assert "~288 MB per batch of 32" in text  # 3 MP x 3 bytes x 32
+    # a bigger output: the crop is fewer times the output, a smaller reduction
+    assert "about 1/2" in run_cli("doctor", "--data", str(photos), "--size", "512").stdout
+    small = _folder_of_jpegs(tmp_path / "small", [(300, 400), (500, 375), (320, 480)])
+    text = run_cli("doctor", "--data", str(small)).stdout
+    assert "median 0.15 MP" in text
+    assert "DecodeRandomCrop(size=" not in text and "MB per batch" not in text
+
+
+def test_doctor_data_errors(tmp_path):
+    missing = run_cli("doctor", "--data", str(tmp_path / "nowhere"))
+    assert (
+        missing.returncode == 2
+        and "--data:" in missing.stderr
+        and "not a directory" in missing.stderr
+    )
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.jpg").write_bytes(b"junk")
+    unreadable = run_cli("doctor", "--data", str(tmp_path / "bad"))
+    assert (
+        unreadable.returncode == 2
+        and "none of the 1 files sampled is readable" in unreadable.stderr
+    )
+    size = run_cli("doctor", "--size", "0")
+    assert size.returncode == 2 and "--size must be >= 1" in size.stderr
+
+
 def test_bench_large_uses_the_photo_sized_variant(tmp_path):
     result = run_cli(
         "bench", "--large", "--images", "3", "--suite", "images", "--quick", "--batch-size", "3",

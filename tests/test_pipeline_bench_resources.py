@@ -62,7 +62,5 @@ def test_the_photo_sized_variant():
         assert image.dtype.is_floating_point is False and image.shape[0] == 3
         sizes.append(image.shape[1] * image.shape[2])
     assert all(2e6 <= s <= 12.1e6 for s in sizes), sizes
-    assert (
-        dataset._large_encoding(0)["progressive"] and not dataset._large_encoding(1)["progressive"]
-    )
+    assert dataset.photo_encoding(0)["progressive"] and not dataset.photo_encoding(1)["progressive"]
     assert dataset.synthetic_photo(3).equal(dataset.synthetic_photo(3))  # deterministic

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
+from pathlib import Path
 
+import PIL.Image
 import torch
 
 from torchfeed._extension import C, build_info
 from torchfeed.memory import PinnedRing
 
-__all__ = ["report"]
+__all__ = ["images_report", "report"]
 
 
 def _shm_bytes() -> tuple[int, int] | None:
@@ -21,7 +24,14 @@ def _shm_bytes() -> tuple[int, int] | None:
     return usage.total, usage.free
 
 
-def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
+def report(
+    workers: int,
+    batch_mb: float,
+    prefetch_factor: int,
+    data: Path | None = None,
+    size: int = 224,
+    batch_size: int = 64,
+) -> str:
     info = build_info()
     lines = ["torchfeed doctor", ""]
     lines.append(
@@ -71,9 +81,9 @@ def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
     )
     if cpus is not None and workers >= cpus:
         advice.append(
-            f"num_workers={workers} leaves no CPU for the main process ({cpus} usable): with "
-            "torchfeed's fused transform running in the main process, try "
-            f"num_workers={max(cpus - 1, 1)}"
+            f"num_workers={workers} leaves no CPU for the main process ({cpus} usable), "
+            "which runs the training step (and torchfeed's fused transform, unless it runs in "
+            f"the workers): try num_workers={max(cpus - 1, 1)}"
         )
     threads = torch.get_num_threads()
     if (
@@ -107,6 +117,76 @@ def report(workers: int, batch_mb: float, prefetch_factor: int) -> str:
                 "with 'bus error'; enlarge it (docker: --shm-size) or lower "
                 "num_workers / prefetch_factor / batch size"
             )
+    if data is not None:
+        more, hints = images_report(data, size, batch_size, bool(info["gpu_available"]))
+        lines += more
+        advice += hints
     lines.append("")
     lines += ["advice:"] + [f"- {a}" for a in advice] if advice else ["advice: none, all good"]
     return "\n".join(lines)
+
+
+# RandomResizedCrop's default scale (0.08, 1) draws a crop of about 54% of the image's area on
+# average (uniform in area, cut to the image): the window a typical crop decodes.
+_MEAN_CROP_AREA = 0.54
+
+
+def _header(path: Path) -> tuple[int, int, str, bool] | None:
+    """(height, width, format, progressive) from a file's header, nothing decoded; None for a
+    file Pillow cannot read."""
+    try:
+        with PIL.Image.open(path) as image:
+            width, height = image.size
+            progressive = bool(image.info.get("progressive") or image.info.get("progression"))
+            return height, width, image.format or "?", progressive
+    except (OSError, SyntaxError, ValueError):  # Pillow's words for a file it cannot read
+        return None
+
+
+def images_report(folder: Path, size: int, batch_size: int, gpu: bool) -> tuple[list, list]:
+    """Lines and advice about a folder of the user's images: their size (from up to 64 files'
+    headers, spread over the folder), what a typical crop window decodes, and the pipeline that
+    suits them."""
+    from torchfeed._pipeline_bench.dataset import list_image_folder
+
+    files, _ = list_image_folder(folder)
+    step = max(1, len(files) // 64)
+    sampled = [_header(p) for p in files[::step][:64]]
+    headers = [h for h in sampled if h is not None]
+    if not headers:
+        raise FileNotFoundError(f"--data: none of the {len(sampled)} files sampled is readable")
+    pixels = sorted(h * w for h, w, _, _ in headers)
+    median = pixels[len(pixels) // 2]
+    jpegs = sum(f == "JPEG" for _, _, f, _ in headers)
+    progressive = sum(p for _, _, _, p in headers)
+    lines = [
+        f"images under {folder}: {len(files)} files; of {len(sampled)} sampled: median "
+        f"{median / 1e6:.2f} MP, largest {pixels[-1] / 1e6:.2f} MP, {jpegs} JPEG "
+        f"({progressive} progressive)"
+        + (f", {len(sampled) - len(headers)} unreadable" if len(headers) < len(sampled) else "")
+    ]
+    advice = []
+    window = math.sqrt(_MEAN_CROP_AREA * median)  # a typical crop's side, in pixels
+    whole_mb = median * 3 * batch_size / 1e6
+    if window >= 2 * size and jpegs:
+        scale = min(8, 2 ** int(math.log2(window / size)))
+        advice.append(
+            f"a typical random crop of these images is ~{window:.0f} px a side, "
+            f"{window / size:.1f}x the output ({size} px): decode it at reduced scale, "
+            f"torchfeed.decode.DecodeRandomCrop(size={size}) (here about 1/{scale}: several "
+            "times less decoding, pixels that differ slightly from the full-scale decode; "
+            "`torchfeed bench --data` measures both)"
+        )
+    if median >= 1_000_000:
+        advice.append(
+            f"whole decoded images of this size are ~{whole_mb:.0f} MB per batch of "
+            f"{batch_size}: decode only the crop window in the workers (DecodeRandomCrop) "
+            "rather than shipping whole images to the main process"
+        )
+    if not gpu:
+        advice.append(
+            "no GPU: run the fused transform in the workers, ImageCollate(transform=...) in "
+            "torchfeed.loader(..., zero_copy=True); in the main process it would compete "
+            "with the workers for the CPUs"
+        )
+    return lines, advice

@@ -132,6 +132,17 @@ def _build_parser() -> argparse.ArgumentParser:
         help="size of one collated batch in MB (default: 40)",
     )
     doctor.add_argument("--prefetch-factor", type=int, default=2)
+    doctor.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="a folder of your images (ImageFolder layout or flat): advice on the pipeline "
+        "that suits their size (reads up to 64 files' headers)",
+    )
+    doctor.add_argument(
+        "--size", type=_positive("--size"), default=224, help="your crop's output size"
+    )
+    doctor.add_argument("--batch-size", type=_positive("--batch-size"), default=64)
     return parser
 
 
@@ -275,7 +286,14 @@ def _cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from torchfeed._doctor import report
 
-    print(report(args.workers, args.batch_mb, args.prefetch_factor))
+    try:
+        text = report(
+            args.workers, args.batch_mb, args.prefetch_factor, args.data, args.size, args.batch_size
+        )
+    except (FileNotFoundError, OSError) as e:
+        print(f"torchfeed doctor: {e}", file=sys.stderr)
+        return 2
+    print(text)
     return 0
 
 

@@ -14,7 +14,15 @@ import torch.nn.functional as F
 
 from torchfeed._pil import encode_jpeg
 
-__all__ = ["default_cache_dir", "ensure_builtin_dataset", "list_image_folder", "synthetic_image"]
+__all__ = [
+    "default_cache_dir",
+    "ensure_builtin_dataset",
+    "ensure_large_dataset",
+    "list_image_folder",
+    "photo_encoding",
+    "synthetic_image",
+    "synthetic_photo",
+]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 DATASET_VERSION = "v2"  # v2: encoded with Pillow
@@ -133,7 +141,7 @@ def synthetic_photo(index: int, seed: int = 0) -> torch.Tensor:
     return img[0].clamp(0, 255).round().to(torch.uint8)
 
 
-def _large_encoding(index: int) -> dict:
+def photo_encoding(index: int) -> dict:
     return {"quality": 85 + index % 11, "progressive": index % 5 == 0}
 
 
@@ -150,6 +158,6 @@ def ensure_large_dataset(
         root,
         count,
         classes,
-        lambda i: encode_jpeg(synthetic_photo(i), **_large_encoding(i)),
+        lambda i: encode_jpeg(synthetic_photo(i), **photo_encoding(i)),
         progress,
     )

@@ -1,0 +1,101 @@
+"""The fused kernel at large downscale factors, where photo-sized crops end at 224 px: one square
+crop of side 224 * f (f = 2, 4, 8, 16) out of a decoded image (HWC memory, as a JPEG decoder
+writes it), resized to 224 (bilinear, antialiased), flipped, normalized, on one thread.
+
+Baseline: torchvision's uint8 path (``resized_crop`` on the uint8 tensor, antialiased, then
+``to_dtype(scale=True)`` and ``normalize``), the same crop. Floor: reading the window once
+(a uint8 max over it) plus writing the output once, what no resize can beat. Goal (issue 21):
+2x torchvision at 4x-16x, within 2x of the floor.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision.transforms.v2 import functional as TF
+
+import torchfeed
+
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+OUT = 224
+FACTORS = (2, 4, 8, 16)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=FACTORS, ids=[f"{f}x" for f in FACTORS])
+def crop(request):
+    """(image [3, H, W] with HWC memory, box (top, left, side, side), factor)."""
+    f = request.param
+    side = OUT * f
+    g = torch.Generator().manual_seed(f)
+    coarse = torch.rand(1, 3, side // 32 + 2, side // 32 + 2, generator=g)
+    smooth = torch.nn.functional.interpolate(coarse, size=(side + 16, side + 24), mode="bilinear")
+    noisy = smooth[0] * 0.9 + 0.1 * torch.rand(3, side + 16, side + 24, generator=g)
+    image = (noisy * 255).to(torch.uint8).permute(1, 2, 0).contiguous().permute(2, 0, 1)
+    return image, (8, 12, side, side), f
+
+
+def group(f: int) -> str:
+    return f"downscale {f}x: a {OUT * f}^2 crop -> {OUT} (CPU, 1 thread)"
+
+
+def test_downscale_torchfeed(benchmark, role, crop):
+    image, box, f = crop
+    benchmark.group = group(f)
+    role("torchfeed")
+    out = torch.empty(1, 3, OUT, OUT)
+    boxes, flips = [box], [True]
+
+    def run():
+        return torchfeed.crop_flip_normalize(
+            [image], boxes, flips, OUT, mean=MEAN, std=STD, out=out
+        )
+
+    result = benchmark(run)
+    reference = TF.normalize(
+        TF.to_dtype(
+            TF.horizontal_flip(TF.resized_crop(image, *box, [OUT, OUT], antialias=True)),
+            torch.float32,
+            scale=True,
+        ),
+        MEAN,
+        STD,
+    )
+    # torchvision rounds its resize to uint8; the fused kernel does not: within one level
+    assert (result[0] - reference).abs().max() < 1.01 / 255 / min(STD)
+
+
+def test_downscale_torchvision_uint8(benchmark, role, crop):
+    image, box, f = crop
+    benchmark.group = group(f)
+    role("baseline")
+
+    def run():
+        x = TF.resized_crop(image, *box, [OUT, OUT], antialias=True)
+        x = TF.to_dtype(TF.horizontal_flip(x), torch.float32, scale=True)
+        return TF.normalize(x, MEAN, STD)
+
+    benchmark(run)
+
+
+def test_downscale_floor_read_window_write_output(benchmark, role, crop):
+    image, (top, left, h, w), f = crop
+    benchmark.group = group(f)
+    role("floor")
+    window = image[:, top : top + h, left : left + w]
+    src = torch.rand(1, 3, OUT, OUT)
+    out = torch.empty_like(src)
+
+    def run():
+        window.amax()  # every byte of the window read once
+        return out.copy_(src)  # every output element written once
+
+    benchmark(run)
