@@ -81,6 +81,8 @@ def test_bench_quick_prints_the_table(quick_run):
         "CPU ms/sample",
         "peak MB",
         "decoding at reduced scale (",
+        "pick (images, workers=1): '",
+        "pick (text, workers=1): '",
     ):
         assert text in out, text
     # the built-in dataset was made in the cache: 40 JPEGs, ImageFolder layout

@@ -64,3 +64,27 @@ def test_the_photo_sized_variant():
     assert all(2e6 <= s <= 12.1e6 for s in sizes), sizes
     assert dataset.photo_encoding(0)["progressive"] and not dataset.photo_encoding(1)["progressive"]
     assert dataset.synthetic_photo(3).equal(dataset.synthetic_photo(3))  # deterministic
+
+
+def test_the_bench_says_which_pipeline_to_pick():
+    from torchfeed._pipeline_bench.report import pick
+
+    def row(name, config, rate, speedup, cpu, peak):
+        return {"pipeline": name, "config": config, "samples_per_s": rate, "speedup": speedup,
+                "cpu_ms_per_sample": cpu, "peak_mb": peak}  # fmt: skip
+
+    rows = [
+        row("images: base", "workers=2", 10.0, 1.0, 90.0, 900.0),
+        row("images: whole images", "workers=2", 7.0, 0.7, 120.0, 8000.0),
+        row("images: windows", "workers=2", 25.0, 2.5, 40.0, 700.0),
+        row("images: windows, in workers", "workers=2", 24.0, 2.4, 35.0, 650.0),
+        row("images: base", "workers=0", 5.0, 1.0, 90.0, 400.0),
+        row("images: windows", "workers=0", 12.0, 2.4, 40.0, 300.0),
+    ]
+    lines = pick(rows, {"images": "images: base"})
+    assert lines == [
+        "pick (images, workers=2): 'windows', 2.50x at 40.0 CPU ms/sample; least CPU: "
+        "'windows, in workers', 35.0 ms/sample (2.40x)",
+        "  slower than the baseline here: 'whole images' 0.70x, peak 8,000 MB",
+        "pick (images, workers=0): 'windows', 2.40x at 40.0 CPU ms/sample",
+    ]

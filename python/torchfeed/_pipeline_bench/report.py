@@ -18,6 +18,7 @@ __all__ = [
     "format_machine",
     "format_table",
     "machine_info",
+    "pick",
     "plot",
     "print_report",
     "with_speedup",
@@ -100,6 +101,47 @@ def with_speedup(results, baseline: str) -> list[dict[str, Any]]:
     return rows
 
 
+def pick(rows: list[dict[str, Any]], baselines: Mapping[str, str]) -> list[str]:
+    """Which pipeline to pick, per suite and config, from the measured rows: the fastest, the
+    one spending the least CPU per sample when that is another, and those slower than the
+    baseline (with their peak memory: the pipelines that ship whole decoded images)."""
+    lines = []
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["pipeline"].split(":")[0], row["config"]), []).append(row)
+    for (suite, config), part in groups.items():
+        ours = [r for r in part if r["pipeline"] != baselines.get(suite)]
+        if not ours:
+            continue
+        best = max(ours, key=lambda r: r["samples_per_s"])
+        line = f"pick ({suite}, {config}): '{_short(best)}', {best['speedup']:.2f}x"
+        cpu = [r for r in ours if r.get("cpu_ms_per_sample")]
+        if cpu:
+            lean = min(cpu, key=lambda r: r["cpu_ms_per_sample"])
+            line += f" at {best['cpu_ms_per_sample']:.1f} CPU ms/sample"
+            if lean is not best:
+                line += (
+                    f"; least CPU: '{_short(lean)}', {lean['cpu_ms_per_sample']:.1f} ms/sample "
+                    f"({lean['speedup']:.2f}x)"
+                )
+        lines.append(line)
+        slow = [r for r in ours if r["speedup"] < 1.0]
+        if slow:
+            lines.append(
+                "  slower than the baseline here: "
+                + "; ".join(
+                    f"'{_short(r)}' {r['speedup']:.2f}x"
+                    + (f", peak {r['peak_mb']:,.0f} MB" if r.get("peak_mb") else "")
+                    for r in slow
+                )
+            )
+    return lines
+
+
+def _short(row: dict[str, Any]) -> str:
+    return row["pipeline"].split(": ", 1)[-1]
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     try:
         import matplotlib
@@ -151,6 +193,8 @@ def print_report(
         f"median of {epochs} epoch(s) after a start-up epoch; batch size {batch_size}; "
         f"device {device}"
     )
+    for line in pick(rows, baselines):
+        print(line)
     if "images" in suites:
         print()
         print(f"where the time goes, ms per batch of {batch_size} (measured one stage at a time):")

@@ -64,11 +64,14 @@ def _pss_bytes(pid: int) -> int:
 
 
 def tree_cpu_seconds() -> float:
-    """CPU seconds used so far by this process, its live descendants, and the children it has
-    waited for (workers that already exited)."""
-    live = sum(_cpu_seconds(pid) for pid in _descendants(os.getpid()))
+    """CPU seconds used so far by this process (to the microsecond), its live descendants (to
+    the clock tick, /proc's resolution), and the children it has waited for (workers that
+    already exited)."""
+    me = os.getpid()
+    live = sum(_cpu_seconds(pid) for pid in _descendants(me) if pid != me)
+    own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return live + reaped.ru_utime + reaped.ru_stime
+    return own.ru_utime + own.ru_stime + live + reaped.ru_utime + reaped.ru_stime
 
 
 def tree_pss_bytes() -> int:
