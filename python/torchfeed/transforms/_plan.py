@@ -177,13 +177,9 @@ class Plan:
     def grid(self, sizes: Tensor, params: dict[str, Tensor], out: tuple[int, int]) -> Tensor:
         """The op's geometry ``[B, 10]`` float64 for images of ``sizes`` with ``params``."""
         spatial = self._spatial
+        resize, crop = spatial if len(spatial) == 2 else (None, None)
         # isinstance, not a tuple of types compared: what torch.compile 2.11 traces too
-        if (
-            len(spatial) == 2
-            and isinstance(spatial[0], Resize)
-            and isinstance(spatial[1], CenterCrop)
-        ):
-            resize, crop = spatial
+        if isinstance(resize, Resize) and isinstance(crop, CenterCrop):
             try:
                 grid = resize_center_crop_grid(sizes, _resize_arg(resize.size), crop.size)
             except ValueError as e:  # the crop is larger than the resized image: torchvision pads
