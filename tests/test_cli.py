@@ -72,6 +72,7 @@ def test_bench_quick_prints_the_table(quick_run):
         "first epoch s",
         "where the time goes",
         "read + decode",
+        "floor: whole files at 1/8 scale",
         "collate + worker -> main transfer",
         "pipelines agree",
         "machine:",

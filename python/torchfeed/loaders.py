@@ -98,7 +98,8 @@ class ZeroCopyLoader(ResumableLoader):
             # and the part the queued batches and the current one take is made resident now
             margin = 1.5 if exact else 2.0
             capacity = int(nbytes * margin + 4096) * (waiting + 4)
-            resident = nbytes * (waiting + 1)
+            # (never more than an epoch's batches: a short epoch would not use the rest)
+            resident = nbytes * min(waiting + 1, max(len(self), 1))
             most = _physical_memory() // 2
             if capacity > most:
                 warnings.warn(
@@ -109,7 +110,7 @@ class ZeroCopyLoader(ResumableLoader):
                     "batches help, and so does decoding crop windows in the workers "
                     "(torchfeed.decode.DecodeRandomCrop) rather than whole images",
                     RuntimeWarning,
-                    stacklevel=3,
+                    stacklevel=4,  # _make_ring, _make_iterator, __iter__, the user's loop
                 )
                 capacity = most
                 resident = min(resident, most)

@@ -191,7 +191,8 @@ def print_report(
         f"speedup: samples/s over the baseline of its suite with the same config (images: "
         f"'{baselines.get('images', '-')}'; text: '{baselines.get('text', '-')}'); "
         f"median of {epochs} epoch(s) after a start-up epoch; batch size {batch_size}; "
-        f"device {device}"
+        f"device {device}; CPU ms/sample: every process (workers too) over the timed epochs; "
+        "peak MB: the most the process tree held (PSS) above what it held before the pipeline"
     )
     for line in pick(rows, baselines):
         print(line)

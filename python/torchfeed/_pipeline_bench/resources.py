@@ -80,18 +80,20 @@ def tree_pss_bytes() -> int:
 
 class ProcessTreeMeter:
     """Samples the process tree's memory in a thread from ``start()`` to ``stop()``; ``peak``
-    is the largest sum seen (bytes), None where /proc cannot tell."""
+    is the largest sum seen (bytes) and ``before`` the sum at ``start()``, None where /proc
+    cannot tell."""
 
     def __init__(self, interval: float = 0.1) -> None:
         self.interval = interval
         self.peak: int | None = None
+        self.before: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> ProcessTreeMeter:
         if not supported():
             return self
-        self.peak = tree_pss_bytes()
+        self.peak = self.before = tree_pss_bytes()
         self._thread = threading.Thread(target=self._run, name="torchfeed-bench-meter", daemon=True)
         self._thread.start()
         return self

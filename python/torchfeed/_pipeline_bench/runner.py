@@ -23,7 +23,7 @@ class PipelineResult:
     epoch_seconds: list[float] = field(default_factory=list)
     first_epoch_seconds: float = float("nan")
     cpu_seconds: float | None = None  # all processes, over the timed epochs
-    peak_memory_bytes: int | None = None  # the process tree's PSS, over all epochs
+    peak_memory_bytes: int | None = None  # the process tree's peak PSS above its start
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -98,7 +98,11 @@ def run_epochs(
         result.samples_per_epoch = seen
     if cpu_start is not None:
         result.cpu_seconds = resources.tree_cpu_seconds() - cpu_start
-    result.peak_memory_bytes = meter.stop()
+    peak = meter.stop()
+    if peak is not None and meter.before is not None:
+        # the pipeline's own: what the tree held at most above what it held before it started
+        # (the main process keeps the earlier pipelines' freed heap, which is not this one's)
+        result.peak_memory_bytes = peak - meter.before
     close = getattr(iterable, "close", None)
     if close is not None:
         close()
