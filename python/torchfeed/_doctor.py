@@ -11,6 +11,7 @@ import PIL.Image
 import torch
 
 from torchfeed._extension import C, build_info
+from torchfeed._pipeline_bench.dataset import list_image_folder
 from torchfeed.memory import PinnedRing
 
 __all__ = ["images_report", "report"]
@@ -147,8 +148,6 @@ def images_report(folder: Path, size: int, batch_size: int, gpu: bool) -> tuple[
     """Lines and advice about a folder of the user's images: their size (from up to 64 files'
     headers, spread over the folder), what a typical crop window decodes, and the pipeline that
     suits them."""
-    from torchfeed._pipeline_bench.dataset import list_image_folder
-
     files, _ = list_image_folder(folder)
     step = max(1, len(files) // 64)
     sampled = [_header(p) for p in files[::step][:64]]
