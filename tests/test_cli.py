@@ -213,12 +213,15 @@ def test_doctor_reads_the_users_images(tmp_path):
     )
     assert "DecodeRandomCrop(size=224)" in text and "about 1/4" in text
     assert "~288 MB per batch of 32" in text  # 3 MP x 3 bytes x 32
+    if not torch.cuda.is_available():
+        assert "no GPU: run the fused transform in the workers" in text
     # a bigger output: the crop is fewer times the output, a smaller reduction
     assert "about 1/2" in run_cli("doctor", "--data", str(photos), "--size", "512").stdout
     small = _folder_of_jpegs(tmp_path / "small", [(300, 400), (500, 375), (320, 480)])
     text = run_cli("doctor", "--data", str(small)).stdout
     assert "median 0.15 MP" in text
     assert "DecodeRandomCrop(size=" not in text and "MB per batch" not in text
+    assert "fused transform in the workers" not in text  # small images: the main process wins
 
 
 def test_doctor_data_errors(tmp_path):
