@@ -573,6 +573,36 @@ def test_one_pass_kernel_is_bit_identical_to_the_cpu_kernel(
     assert ran == 2 and torch.equal(two, got)  # the fallback computes the same bits
 
 
+@pytest.mark.parametrize("factor", [4, 9, 16])
+def test_large_downscales_give_the_two_pass_kernels_bits(isa, factor):
+    """Photo-sized crops to 56 px: the CPU kernel splits the output into bands of a few rows
+    (their float rows sized to stay in cache), runs the horizontal taps of eight pixels
+    interleaved, and prefetches ahead of each tap row. None of it may change a sum: the AVX2 path
+    gives the emulated CUDA two-pass kernel's bits, HWC and CHW memory give the same bits, and
+    both stay within float rounding of the float64 reference."""
+    side = 56 * factor
+    sizes = [(side + 13, side + 30), (side + 1, side * 2 - 3)]
+    planar = images_of(sizes, seed=factor)
+    interleaved = [i.permute(1, 2, 0).contiguous().permute(2, 0, 1) for i in planar]
+    boxes = [(5, 11, side, side), (0.5, 7.25, side - 0.5, side + 9.5)]  # one fractional box
+    flips = torch.tensor([True, False])
+    size = (56, 56)
+    grid = grid_from_boxes(boxes, sizes, size)
+    want, ran = emulate(planar, grid, flips, size, 1, True, torch.contiguous_format, 2, 0)
+    assert ran == 2
+    for images in (planar, interleaved):
+        got = cpu_op(images, grid, flips, size, 1, True, torch.contiguous_format)
+        if isa == "avx2":
+            assert torch.equal(got, want)
+        else:
+            assert (got - want).abs().max().item() <= 1e-5
+    for b in range(2):
+        exact = reference.crop_flip_normalize_float64(
+            planar[b], boxes[b], bool(flips[b]), size, MEAN, STD
+        )
+        assert (want[b].double() - exact).abs().max().item() <= 1e-4, b
+
+
 def test_the_launcher_falls_back_to_two_passes_when_no_tile_fits():
     images = images_of([(7, 4000)])  # a long thin image to 2x2: a huge horizontal scale
     grid = grid_from_boxes([(0, 0, 7, 4000)], [(7, 4000)], (2, 2))

@@ -71,6 +71,7 @@ inline void vertical_runs(const uint8_t* __restrict__ src, int64_t sh, const int
                           const float* weights, int64_t ky, int64_t ny, int64_t n,
                           float* __restrict__ dst, int64_t dst_stride) {
   constexpr int64_t kPanel = 512;
+  constexpr int64_t kPrefetch = 512;  // bytes ahead in the same row: 8 blocks
   const int64_t whole = n / 64 * 64;
   for (int64_t x0 = 0; x0 < whole; x0 += kPanel) {
     const int64_t x1 = std::min(whole, x0 + kPanel);
@@ -83,6 +84,10 @@ inline void vertical_runs(const uint8_t* __restrict__ src, int64_t sh, const int
         __m256 a[8];
         for (int q = 0; q < 8; ++q) a[q] = _mm256_setzero_ps();
         for (int64_t k = 0; k < ky; ++k, p += sh) {
+          // Each tap row is read 64 bytes at a time, a page apart from the next tap's: too
+          // many streams for the hardware prefetcher at a large downscale (33 taps at 16x,
+          // where this halves the pass), so ask for the panel's next lines ourselves.
+          _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
           const __m256 wk = _mm256_set1_ps(w[k]);
           for (int q = 0; q < 8; ++q) a[q] = _mm256_fmadd_ps(wk, bytes_to_floats(p + 8 * q), a[q]);
         }
@@ -238,12 +243,43 @@ void horizontal(const BlockJob& j) {
 }
 
 #ifdef TF_CPU_AVX2
+// Pixels l and l + 4 of eight ([c0 c1 c2 c3] each) -> one vector per channel, then finish() and
+// the stores of output row `out` (channel c at out + c * osc, columns at osw apart).
+template <typename OutT>
+inline void store_pixels(const __m256 (&pair)[4], int64_t channels, const __m256* scale,
+                         const __m256* bias, int64_t n, OutT* out, int64_t osc, int64_t osw) {
+  // a 4 x 4 transpose per half
+  const __m256 lo01 = _mm256_unpacklo_ps(pair[0], pair[1]);  // c0 c0 c1 c1 of pixels 0 1 | 4 5
+  const __m256 hi01 = _mm256_unpackhi_ps(pair[0], pair[1]);  // c2 c2 c3 c3
+  const __m256 lo23 = _mm256_unpacklo_ps(pair[2], pair[3]);
+  const __m256 hi23 = _mm256_unpackhi_ps(pair[2], pair[3]);
+  const __m256 channel[4] = {
+      _mm256_shuffle_ps(lo01, lo23, 0x44), _mm256_shuffle_ps(lo01, lo23, 0xEE),
+      _mm256_shuffle_ps(hi01, hi23, 0x44), _mm256_shuffle_ps(hi01, hi23, 0xEE)};
+  alignas(32) float lanes[8];
+  for (int64_t c = 0; c < channels; ++c) {
+    const __m256 v = _mm256_fmadd_ps(channel[c], scale[c], bias[c]);
+    if constexpr (std::is_same_v<OutT, float>) {
+      if (n == 8 && osw == 1) {
+        _mm256_storeu_ps(out + c * osc, v);
+        continue;
+      }
+    }
+    _mm256_store_ps(lanes, v);
+    store(out + c * osc, osw, lanes, n);
+  }
+}
+
 // The horizontal pass for interleaved rows of 3 or 4 channels: all channels of one output pixel
 // at once, from plain 4-float loads of each tap's pixel (one load per tap instead of one
 // 8-lane gather per channel and tap), then 8 pixels transposed to one vector per channel.
-// The same products in the same order as horizontal(): bit-identical results. A tap of the
-// last pixel of a row reads one float past it (the next row's, or the scratch buffer's zeroed
-// slack); that lane is dropped.
+// Two output rows at a time (they share every tap's column and weight): row i's pixel in the
+// low half of a register, row i + 1's in the high half, one weight broadcast and one 8-lane
+// multiply-add for both. Taps outside, pixels inside: eight independent chains of multiply-adds
+// in flight (one chain would wait out each one's latency), each sum still over its taps in
+// order, the same products as horizontal(): bit-identical results. A tap of the last pixel of
+// a row reads one float past it (the next row's, or the scratch buffer's zeroed slack); that
+// lane is dropped.
 template <int K, typename OutT>
 void horizontal_pixels(const BlockJob& j) {
   // Every field in a local: the stores below go through OutT*, which the compiler cannot tell
@@ -262,45 +298,39 @@ void horizontal_pixels(const BlockJob& j) {
     scale[c] = _mm256_set1_ps(j.affine[c].scale);
     bias[c] = _mm256_set1_ps(j.affine[c].bias);
   }
-  alignas(32) float lanes[8];
-  __m128 px[8];
-  for (int64_t i = 0; i < ny; ++i) {
+  for (int64_t i = 0; i < ny; i += 2) {
     const float* row = scratch + i * width;
+    // a last odd row pairs with itself (the same loads twice; its copy is not stored)
+    const int64_t next = i + 1 < ny ? width : 0;
     for (int64_t x0 = 0; x0 < out_w; x0 += 8) {
-      for (int l = 0; l < 8; ++l) {  // the padding columns read column 0 with weight 0
-        const float* p = row + int64_t{x_first[x0 + l]} * step;
-        const float* w = x_weights + x0 + l;
-        __m128 acc = _mm_setzero_ps();
-        for (int64_t k = 0; k < kx; ++k) {
-          acc = _mm_fmadd_ps(_mm_set1_ps(w[k * x_pad]), _mm_loadu_ps(p + k * step), acc);
-        }
-        px[l] = acc;
+      const float* p[8];  // the padding columns read column 0 with weight 0
+      __m256 acc[8];
+      for (int l = 0; l < 8; ++l) {
+        p[l] = row + int64_t{x_first[x0 + l]} * step;
+        acc[l] = _mm256_setzero_ps();
       }
-      // [c0 c1 c2 c3] of pixels l and l + 4 in one register, then a 4 x 4 transpose per half
-      const __m256 t0 = _mm256_set_m128(px[4], px[0]);
-      const __m256 t1 = _mm256_set_m128(px[5], px[1]);
-      const __m256 t2 = _mm256_set_m128(px[6], px[2]);
-      const __m256 t3 = _mm256_set_m128(px[7], px[3]);
-      const __m256 lo01 = _mm256_unpacklo_ps(t0, t1);  // c0 c0 c1 c1 of pixels 0 1 | 4 5
-      const __m256 hi01 = _mm256_unpackhi_ps(t0, t1);  // c2 c2 c3 c3
-      const __m256 lo23 = _mm256_unpacklo_ps(t2, t3);
-      const __m256 hi23 = _mm256_unpackhi_ps(t2, t3);
-      const __m256 channel[4] = {
-          _mm256_shuffle_ps(lo01, lo23, 0x44), _mm256_shuffle_ps(lo01, lo23, 0xEE),
-          _mm256_shuffle_ps(hi01, hi23, 0x44), _mm256_shuffle_ps(hi01, hi23, 0xEE)};
+      const float* w = x_weights + x0;
+      for (int64_t k = 0; k < kx; ++k, w += x_pad) {
+        const int64_t at = k * step;
+        for (int l = 0; l < 8; ++l) {
+          const __m256 v = _mm256_loadu2_m128(p[l] + at + next, p[l] + at);
+          acc[l] = _mm256_fmadd_ps(_mm256_set1_ps(w[l]), v, acc[l]);
+        }
+      }
       const int64_t n = out_w - x0 < 8 ? out_w - x0 : 8;
-      for (int64_t c = 0; c < channels; ++c) {
-        const __m256 v = _mm256_fmadd_ps(channel[c], scale[c], bias[c]);
-        OutT* out = out_base + c * osc + i * osh + x0 * osw;
-        if constexpr (std::is_same_v<OutT, float>) {
-          if (n == 8 && osw == 1) {
-            _mm256_storeu_ps(out, v);
-            continue;
-          }
-        }
-        _mm256_store_ps(lanes, v);
-        store(out, osw, lanes, n);
-      }
+      OutT* out = out_base + i * osh + x0 * osw;
+      // row i: the low halves of pixels l and l + 4; row i + 1: the high halves
+      const __m256 low[4] = {_mm256_permute2f128_ps(acc[0], acc[4], 0x20),
+                             _mm256_permute2f128_ps(acc[1], acc[5], 0x20),
+                             _mm256_permute2f128_ps(acc[2], acc[6], 0x20),
+                             _mm256_permute2f128_ps(acc[3], acc[7], 0x20)};
+      store_pixels<OutT>(low, channels, scale, bias, n, out, osc, osw);
+      if (next == 0) continue;
+      const __m256 high[4] = {_mm256_permute2f128_ps(acc[0], acc[4], 0x31),
+                              _mm256_permute2f128_ps(acc[1], acc[5], 0x31),
+                              _mm256_permute2f128_ps(acc[2], acc[6], 0x31),
+                              _mm256_permute2f128_ps(acc[3], acc[7], 0x31)};
+      store_pixels<OutT>(high, channels, scale, bias, n, out + osh, osc, osw);
     }
   }
 }
