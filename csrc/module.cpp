@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/cpu_isa.h"
+#include "memory/fence.h"
 #include "memory/pinned_ring.h"
 #include "memory/shared_ring.h"
 #include "testing/bindings.h"
@@ -43,6 +44,8 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "cpu_isa", [] { return std::string(torchfeed::cpu_isa_name(torchfeed::cpu_isa())); },
       "Instruction set the CPU kernels use: 'avx2' or 'baseline'.");
+  m.def("physical_memory", &torchfeed::physical_memory,
+        "This machine's physical memory in bytes (0 when unknown), the bound on a ring's arena.");
 #ifdef TORCHFEED_WITH_JPEG
   m.def(
       "jpeg_info",

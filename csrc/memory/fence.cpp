@@ -137,6 +137,15 @@ void after_stream_work(const char* who, int64_t stream, int64_t device,
 #endif
 }
 
+int64_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<int64_t>(pages) > std::numeric_limits<int64_t>::max() / page
+             ? std::numeric_limits<int64_t>::max()
+             : static_cast<int64_t>(pages) * page;
+}
+
 void check_arena(const char* who, int64_t capacity, int64_t alignment) {
   if (capacity <= 0) {
     throw std::invalid_argument(std::string(who) + ": capacity must be > 0 bytes, got " +
@@ -147,12 +156,8 @@ void check_arena(const char* who, int64_t capacity, int64_t alignment) {
                                 ": alignment must be a power of two in [1, 4096], got " +
                                 std::to_string(alignment));
   }
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return;  // unknown: let the allocation decide
-  const int64_t physical = static_cast<int64_t>(pages) > std::numeric_limits<int64_t>::max() / page
-                               ? std::numeric_limits<int64_t>::max()
-                               : static_cast<int64_t>(pages) * page;
+  const int64_t physical = physical_memory();
+  if (physical == 0) return;  // unknown: let the allocation decide
   if (capacity > physical) {
     throw std::invalid_argument(std::string(who) + ": capacity " + std::to_string(capacity) +
                                 " bytes is more than this machine's physical memory (" +

@@ -53,6 +53,10 @@ void set_manual_fences(bool on);
 int64_t complete_manual_fences();
 int64_t pending_manual_fences();
 
+// This machine's physical memory in bytes (0 when the system does not say): the bound
+// check_arena enforces, and the one the zero-copy loader sizes its default ring against.
+int64_t physical_memory();
+
 // The arguments of a ring's arena, checked once for both rings (std::invalid_argument naming
 // `who`): capacity > 0 bytes and within the machine's physical memory, alignment a power of two
 // in [1, 4096].

@@ -15,7 +15,6 @@ region after the copy, so a worker never overwrites memory a copy may still be r
 
 from __future__ import annotations
 
-import os
 import random
 import warnings
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from torchfeed._extension import C
 from torchfeed._resumable import ResumableLoader
 from torchfeed._tree import tensors_of
 from torchfeed.memory._ring_base import check_timeout
@@ -159,7 +159,8 @@ class ZeroCopyLoader(ResumableLoader):
 
 
 def _physical_memory() -> int:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    # the bound the ring's own check enforces (csrc/memory/fence.cpp); 0 when unknown
+    return int(C.physical_memory()) or 1 << 62
 
 
 class _Unpacking:

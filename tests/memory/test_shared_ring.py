@@ -356,3 +356,14 @@ def test_a_ring_is_never_sized_beyond_half_the_machine(monkeypatch):
         count = sum(1 for _ in dl)  # each batch dropped before the next
     assert dl.shared_ring.capacity == 8 << 20 and count == 5
     assert dl.shared_ring.stats()["allocations"] == 5  # workers waited for room, none fell back
+
+
+def test_the_default_size_is_capped_by_the_bound_the_ring_enforces():
+    """One computation of the machine's memory: the C++ check that refuses a larger arena, read
+    by the loader's default-size cap; it agrees with what the OS reports to Python."""
+    import torchfeed.loaders as loaders
+
+    expected = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert torchfeed._C.physical_memory() == expected == loaders._physical_memory()
+    with pytest.raises(ValueError, match=rf"physical memory \({expected} bytes\)"):
+        SharedRing(expected + 4096)
