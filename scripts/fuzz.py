@@ -5,7 +5,8 @@ so the run fails; a Python exception is a refusal, which is what hostile input s
 Inputs: JPEGs of every kind libjpeg writes (baseline, progressive, restart markers, 4:2:0,
 4:2:2, 4:4:4, grayscale, odd sizes), mutated by random byte flips, deletions, insertions, chunk
 duplication, truncation and edits of the frame header's size fields, decoded through the window
-decoder with random boxes, including boxes near the int64 limits. A share of the time also goes
+decoder with random boxes (including boxes near the int64 limits) at random scales (a progressive
+file at 1/8 goes through the filter that drops its unread scans). A share of the time also goes
 to the image op's raw entry points with random geometry rows and to the ring's requests.
 
     python scripts/fuzz.py [--seconds 60] [--seed 0]
@@ -58,6 +59,9 @@ def corpus(rng: random.Random) -> list[bytes]:
             (29, 31, "L", {}),
             (1, 1, "RGB", {}),
             (1, 70, "RGB", {"progressive": True}),
+            # progressive files whose 1/8-scale decode drops scans (4:4:4: all AC; 4:2:0: luma's)
+            (45, 66, "RGB", {"progressive": True, "subsampling": 0}),
+            (41, 52, "L", {"progressive": True, "restart_marker_rows": 1}),
         ]
     ):
         g = np.random.default_rng(i)
@@ -111,8 +115,11 @@ def fuzz_jpeg(data: bytes, rng: random.Random) -> None:
     # small pixel limits keep each run short (a mutated header may declare millions of pixels,
     # which a progressive decode would buffer); the limit's own check is among what is fuzzed
     limit = rng.choice([1 << 12, 1 << 16, 1 << 20])
+    scale = rng.choice([1, 2, 4, 8])  # at 1/8, progressive files lose their unread scans
     with contextlib.suppress(RuntimeError, ValueError):
-        torch.ops.torchfeed.decode_jpeg_window(t, *box(rng), limit)
+        torch.ops.torchfeed.decode_jpeg_window(t, *box(rng), limit, scale)
+    with contextlib.suppress(RuntimeError, ValueError):
+        torchfeed._C._testing.jpeg_unread_scans_dropped(t, scale)
 
 
 def fuzz_crop(rng: random.Random) -> None:

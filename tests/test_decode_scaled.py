@@ -44,6 +44,27 @@ LARGE = {
     "4:2:2 restart markers": lambda: encode(
         picture(333, 444, seed=11), quality=80, subsampling=1, restart_marker_rows=1
     ),
+    # progressive files the 1/8-scale decoder reads without some of their scans
+    "4:2:2 progressive restart markers": lambda: encode(
+        picture(350, 461, seed=13), subsampling=1, progressive=True, restart_marker_blocks=7
+    ),
+    "grayscale progressive optimized": lambda: encode(
+        picture(290, 333, "L", seed=14), quality=95, progressive=True, optimize=True
+    ),
+    "4:2:0 progressive": lambda: encode(
+        picture(515, 733, seed=15), quality=75, subsampling=2, progressive=True
+    ),
+}
+
+# At 1/8, the scans the decoder drops: every AC scan of a component whose blocks become single
+# pixels (4:2:0's chroma blocks become 2 x 2 and keep theirs). libjpeg's progressive script has
+# 10 scans for colour (2 DC; AC: 4 for luma, 2 for each chroma component) and 6 for grayscale.
+DROPPED_AT_EIGHTH = {
+    "progressive": 4,  # 4:2:0: luma's AC scans only
+    "4:2:0 progressive": 4,
+    "4:4:4 progressive": 8,  # every AC scan
+    "4:2:2 progressive restart markers": 8,  # 4:2:2 chroma is at full height: 1 x 1 too
+    "grayscale progressive optimized": 4,
 }
 
 
@@ -59,6 +80,27 @@ def test_a_scaled_window_is_the_scaled_decode_sliced(kind, r):
         window = decode_jpeg_window(as_tensor(data), (top, left, h, w), r)
         assert torch.equal(window, scaled[:, top : top + h, left : left + w]), (top, left, h, w)
         assert window.permute(1, 2, 0).is_contiguous()
+
+
+@needs_window_decoder
+@pytest.mark.parametrize("kind", DROPPED_AT_EIGHTH)
+def test_a_progressive_file_at_an_eighth_is_decoded_without_its_unread_scans(kind):
+    """The window decoder's input at 1/8: the file without the AC scans whose coefficients a
+    1 x 1 IDCT never reads (the test above checks its pixels against Pillow's decode of the
+    whole file, bit for bit). At 1/2 and 1/4, and for sequential files, nothing is dropped."""
+    from torchfeed._extension import C
+
+    data = (LARGE.get(kind) or JPEGS[kind])()
+    kept, scans, dropped = C._testing.jpeg_unread_scans_dropped(as_tensor(data), 8)
+    assert (scans, dropped) == (6 if "grayscale" in kind else 10, DROPPED_AT_EIGHTH[kind])
+    assert len(kept) < len(data) and kept.endswith(b"\xff\xd9")
+    # a valid JPEG (Pillow reads it; its pixels differ, as Pillow smooths the blocks whose AC
+    # terms are missing, which the window decoder turns off)
+    assert pillow_reduced(kept, 8).shape == pillow_reduced(data, 8).shape
+    for r in (1, 2, 4):
+        assert C._testing.jpeg_unread_scans_dropped(as_tensor(data), r)[2] == 0
+    sequential = JPEGS["4:4:4"]()
+    assert C._testing.jpeg_unread_scans_dropped(as_tensor(sequential), 8) == (b"", 0, 0)
 
 
 @needs_window_decoder

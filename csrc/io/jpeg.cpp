@@ -1,8 +1,10 @@
 // Crop-window JPEG decoding with libjpeg-turbo: only the rows and columns of a window are
 // inverse-transformed, upsampled and colour-converted; decoding stops after the window's last
-// row. The window's pixels are bit-identical to a full decode sliced afterwards (tests check this
-// against torchvision's decoder): the decoder works on a margin of one iMCU around the window so
-// that chroma upsampling at the window's edges sees the same neighbours as in a full decode.
+// row; a progressive file at 1/8 scale is decoded without the scans whose coefficients that
+// scale never reads. The window's pixels are bit-identical to a full decode sliced afterwards
+// (tests check this against torchvision's decoder): the decoder works on a margin of one iMCU
+// around the window so that chroma upsampling at the window's edges sees the same neighbours as in
+// a full decode.
 //
 // Compiled only when CMake finds libjpeg-turbo >= 1.5 (jpeg_crop_scanline); without it the
 // Python side decodes the whole image with torchvision and slices.
@@ -12,6 +14,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -183,6 +186,102 @@ bool read_window(Decoder& d, Window w, uint8_t* out, uint8_t* row, int rows_at_o
   return true;
 }
 
+// Which components' blocks the scaled IDCT turns into single pixels (after scale_output): their
+// inverse transform reads the DC coefficient alone, so their AC coefficients are never used.
+// At 1/8 scale that is the luma of a 4:2:0 file and every component of a 4:4:4, 4:2:2 or
+// grayscale one.
+std::array<bool, 256> dc_only_components(const jpeg_decompress_struct& c) {
+  std::array<bool, 256> dc_only{};
+  for (int ci = 0; ci < c.num_components; ++ci) {
+    const jpeg_component_info& comp = c.comp_info[ci];
+#if JPEG_LIB_VERSION >= 70
+    const bool one = comp.DCT_h_scaled_size == 1 && comp.DCT_v_scaled_size == 1;
+#else
+    const bool one = comp.DCT_scaled_size == 1;
+#endif
+    dc_only[comp.component_id & 0xFF] = one;
+  }
+  return dc_only;
+}
+
+// Block smoothing off: libjpeg-turbo smooths a progressive file's blocks whose coefficients are
+// still unknown, the DC term too when every AC term of a component is missing (as in a file
+// without its AC scans); a complete file has nothing to smooth, so this keeps its pixels.
+bool smooth_nothing(Decoder& d) {
+  d.cinfo.do_block_smoothing = FALSE;
+  return true;
+}
+
+// The bytes of a JPEG without the scans of a progressive one that only carry AC coefficients
+// of components in `dc_only` (an AC scan holds one component). Every other marker segment and
+// scan is copied as it is, so what remains is a valid progressive JPEG whose decode at the same
+// scale, with block smoothing off, gives the same pixels: the dropped coefficients feed nothing
+// (a 1 x 1 IDCT reads the DC term only). Entropy decoding is most
+// of the cost of a progressive file, and the luma AC scans most of its bytes. Returns false (and
+// the caller decodes the original) at anything unexpected: the decoder then reports it.
+bool drop_unread_scans(const uint8_t* p, size_t n, const std::array<bool, 256>& dc_only,
+                       ScanFilter& f) {
+  f.data.clear();
+  f.scans = f.dropped = 0;
+  if (n < 4 || p[0] != 0xFF || p[1] != 0xD8) return false;
+  f.data.reserve(n);
+  f.data.insert(f.data.end(), p, p + 2);
+  size_t i = 2;
+  while (true) {
+    if (i >= n || p[i] != 0xFF) return false;
+    size_t m = i;
+    while (m < n && p[m] == 0xFF) ++m;  // fill bytes before a marker
+    if (m >= n) return false;
+    const uint8_t code = p[m];
+    if (code == 0xD9) {  // EOI
+      f.data.push_back(0xFF);
+      f.data.push_back(0xD9);
+      return true;
+    }
+    // SOI again, TEM, a restart or a stuffed zero have no business between segments
+    if (code == 0x00 || code == 0x01 || code == 0xD8 || (code >= 0xD0 && code <= 0xD7)) {
+      return false;
+    }
+    if (n - m < 3) return false;
+    const size_t len = size_t{p[m + 1]} << 8 | p[m + 2];
+    if (len < 2 || len > n - m - 1) return false;
+    const size_t end = m + 1 + len;
+    if (code != 0xDA) {  // any other segment (tables, frame header, APPn, ...) as it is
+      f.data.push_back(0xFF);
+      f.data.insert(f.data.end(), p + m, p + end);
+      i = end;
+      continue;
+    }
+    // SOS: Ns, Ns x (Cs, Td/Ta), Ss, Se, Ah/Al; then entropy-coded data up to the next marker
+    // that is neither a stuffed zero nor a restart marker
+    const uint8_t* h = p + m + 3;
+    const size_t ns = len > 2 ? h[0] : 0;
+    if (ns < 1 || ns > 4 || len != 2 + 1 + 2 * ns + 3) return false;
+    const uint8_t ss = h[1 + 2 * ns];
+    size_t j = end;
+    while (true) {
+      const void* ff = j < n ? std::memchr(p + j, 0xFF, n - j) : nullptr;
+      if (ff == nullptr) return false;  // no marker after the data: the decoder will say so
+      j = static_cast<size_t>(static_cast<const uint8_t*>(ff) - p);
+      if (j + 1 >= n) return false;
+      const uint8_t next = p[j + 1];
+      if (next == 0x00 || (next >= 0xD0 && next <= 0xD7)) {
+        j += 2;
+        continue;
+      }
+      break;  // a marker (or fill bytes before one)
+    }
+    ++f.scans;
+    if (ns == 1 && ss > 0 && dc_only[h[1]]) {
+      ++f.dropped;
+    } else {
+      f.data.push_back(0xFF);
+      f.data.insert(f.data.end(), p + m, p + j);
+    }
+    i = j;
+  }
+}
+
 const uint8_t* checked_data(const at::Tensor& data, const char* fn) {
   TORCH_CHECK_VALUE(data.device().is_cpu(), fn, ": data must be a CPU tensor, got ", data.device());
   TORCH_CHECK_TYPE(data.scalar_type() == at::kByte, fn,
@@ -244,15 +343,49 @@ at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t l
                     ", width ", width, ") must lie inside the ", scaled_h, " x ", scaled_w,
                     " image", scale_denom > 1 ? " (the JPEG at 1/" : "",
                     scale_denom > 1 ? std::to_string(scale_denom) + " of its size)" : "");
+  // A progressive file whose scaled IDCT leaves some AC coefficients unread: decode it without
+  // the scans that carry only those (the same pixels, a fraction of the entropy decoding).
+  ScanFilter filtered;
+  Decoder lean;
+  Decoder* use = &d;
+  const std::array<bool, 256> dc_only = dc_only_components(d.cinfo);
+  if (d.cinfo.progressive_mode &&
+      std::find(dc_only.begin(), dc_only.end(), true) != dc_only.end() &&
+      drop_unread_scans(bytes, data.numel(), dc_only, filtered) && filtered.dropped > 0 &&
+      read_header(lean, filtered.data.data(), filtered.data.size()) && smooth_nothing(lean) &&
+      scale_output(lean, scale_denom) && lean.cinfo.output_height == d.cinfo.output_height &&
+      lean.cinfo.output_width == d.cinfo.output_width) {
+    use = &lean;
+  }
   // HWC memory, returned as a CHW view: the order torchvision's decoder returns.
   at::Tensor out = at::empty({height, width, 3}, data.options());
   const int rows_at_once = std::clamp(d.cinfo.max_v_samp_factor * DCTSIZE, 1, 16);
   // jpeg_crop_scanline never widens past the (scaled) image
   std::vector<uint8_t> row(static_cast<size_t>(scaled_w) * 3 * rows_at_once);
-  TORCH_CHECK(
-      read_window(d, {top, left, height, width}, out.data_ptr<uint8_t>(), row.data(), rows_at_once),
-      "decode_jpeg_window: corrupt JPEG: ", d.err.message);
+  bool ok = read_window(*use, {top, left, height, width}, out.data_ptr<uint8_t>(), row.data(),
+                        rows_at_once);
+  if (!ok && use == &lean) {  // whatever the filtered file's decoder disliked: the original's say
+    use = &d;
+    ok = read_window(d, {top, left, height, width}, out.data_ptr<uint8_t>(), row.data(),
+                     rows_at_once);
+  }
+  TORCH_CHECK(ok, "decode_jpeg_window: corrupt JPEG: ", use->err.message);
   return out.permute({2, 0, 1});
+}
+
+ScanFilter jpeg_unread_scans_dropped(const at::Tensor& data, int64_t scale_denom) {
+  const uint8_t* bytes = checked_data(data, "jpeg_unread_scans_dropped");
+  Decoder d;
+  TORCH_CHECK(read_header(d, bytes, data.numel()),
+              "jpeg_unread_scans_dropped: not a readable JPEG: ", d.err.message);
+  TORCH_CHECK(scale_output(d, scale_denom),
+              "jpeg_unread_scans_dropped: corrupt JPEG: ", d.err.message);
+  ScanFilter f;
+  if (!d.cinfo.progressive_mode ||
+      !drop_unread_scans(bytes, data.numel(), dc_only_components(d.cinfo), f)) {
+    f = ScanFilter{};
+  }
+  return f;
 }
 
 std::string jpeg_library_version() {

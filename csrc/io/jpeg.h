@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace torchfeed::io {
 
@@ -24,6 +25,17 @@ JpegInfo jpeg_info(const at::Tensor& data);
 // corrupt data anywhere in the rows it decodes.
 at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t left, int64_t height,
                                   int64_t width, int64_t max_pixels, int64_t scale_denom);
+
+// A progressive JPEG without the AC scans of the components whose IDCT at 1/scale_denom reads
+// only the DC coefficient (what decode_jpeg_window decodes from); `scans` counts the file's
+// scans, `dropped` those left out. Empty (0 scans) for a sequential file or one the filter does
+// not follow. Exposed for tests.
+struct ScanFilter {
+  std::vector<uint8_t> data;
+  int scans = 0;
+  int dropped = 0;
+};
+ScanFilter jpeg_unread_scans_dropped(const at::Tensor& data, int64_t scale_denom);
 
 std::string jpeg_library_version();
 

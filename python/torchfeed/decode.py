@@ -13,7 +13,12 @@ Large photos can also be decoded at a reduced scale: given the output size, the 
 at the largest of libjpeg-turbo's scales (1/2, 1/4, 1/8) at which it still has at least that many
 pixels (``DecodeRandomCrop(size=...)``, :class:`DecodeCenterCrop`), which skips most of the
 inverse DCT and colour conversion of a multi-megapixel JPEG. That is close to, not equal to, the
-full-scale result (README, "Decoding at reduced scale").
+full-scale result (README, "Decoding at reduced scale"). A progressive JPEG is entropy-decoded
+whole at any scale, which made it 3-5x slower than a sequential one; at 1/8 the window decoder
+now leaves out the scans of coefficients that scale never reads (the AC scans of every
+component whose 8 x 8 blocks become single pixels: the luma of a 4:2:0 file, every component of
+a 4:4:4 or 4:2:2 one), with the same pixels as decoding the whole file at 1/8. (Corrupt data in
+a scan it leaves out is therefore not noticed: it would not have changed a pixel.)
 
 Crop-window decoding needs the extension built with libjpeg-turbo (``build_info()["jpeg"]``).
 Without it, and for files it cannot decode that way (PNG and other formats, CMYK JPEGs), the
