@@ -9,7 +9,8 @@ ones (the bench's large variant: 2-12 MP, some progressive; or your own folder,
 TORCHFEED_BENCH_PHOTOS=DIR). On each, torchfeed also decodes the window at the largest DCT scale
 still giving 224 pixels each way (``DecodeRandomCrop(size=224)``: other pixels, see README), and
 the floor is libjpeg-turbo decoding the whole file at 1/8 scale (Pillow's draft mode), about
-the cost of reading its entropy-coded data once.
+the cost of reading its entropy-coded data once. A third group decodes whole progressive files at
+1/8, which torchfeed does without the scans that scale never reads.
 """
 
 from __future__ import annotations
@@ -87,3 +88,56 @@ def test_decode_floor_pillow_whole_file_at_one_eighth(benchmark, role, jpegs):
     role("floor")
     encoded = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files]
     benchmark(lambda: [decode_rgb(e, reduce=8) for e in encoded])
+
+
+# Progressive photos decoded whole at 1/8: the window decoder leaves out the AC scans that scale
+# never reads (the same pixels); Pillow's draft decode of the same files is libjpeg-turbo doing
+# all the work, the baseline (and the floor of the sets above). Six of the large variant's
+# progressive files (every fifth is), or the progressive ones of TORCHFEED_BENCH_PHOTOS.
+PROGRESSIVE = "whole progressive photo-sized JPEGs at 1/8 (CPU)"
+
+
+@pytest.fixture(scope="module")
+def progressive():
+    folder = os.environ.get("TORCHFEED_BENCH_PHOTOS")
+    if folder:
+        files = [p.read_bytes() for p in list_image_folder(Path(folder))[0]]
+        files = [f for f in files if _is_progressive(f)][:12]
+    else:
+        files = [encode_jpeg(synthetic_photo(i), **photo_encoding(i)) for i in range(0, 30, 5)]
+    if not files:
+        pytest.skip("no progressive JPEGs")
+    return [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files]
+
+
+def _is_progressive(data: bytes) -> bool:
+    i = 2  # the frame header's marker: SOF2 (0xC2) is progressive
+    while i + 4 <= len(data) and data[i] == 0xFF:
+        if data[i + 1] in (0xC0, 0xC1, 0xC2):
+            return data[i + 1] == 0xC2
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return False
+
+
+def test_decode_progressive_torchfeed_without_unread_scans(benchmark, role, progressive):
+    if not jpeg_op.window_decoder():
+        pytest.skip("built without libjpeg-turbo")
+    benchmark.group = PROGRESSIVE
+    role("torchfeed")
+    shapes = [tuple(decode_rgb(e, reduce=8).shape[1:]) for e in progressive]
+
+    def run():
+        return [
+            torch.ops.torchfeed.decode_jpeg_window(e, 0, 0, h, w, 0, 8)
+            for e, (h, w) in zip(progressive, shapes, strict=True)
+        ]
+
+    out = benchmark(run)
+    pillow = [decode_rgb(e, reduce=8) for e in progressive]
+    assert all(torch.equal(a, b) for a, b in zip(out, pillow, strict=True))  # the same pixels
+
+
+def test_decode_progressive_pillow_at_one_eighth(benchmark, role, progressive):
+    benchmark.group = PROGRESSIVE
+    role("baseline")
+    benchmark(lambda: [decode_rgb(e, reduce=8) for e in progressive])
