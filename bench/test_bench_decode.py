@@ -23,6 +23,7 @@ import torch
 
 import torchfeed.decode as tio
 import torchfeed.ops._jpeg as jpeg_op
+from torchfeed._doctor import _header  # (height, width, format, progressive) from Pillow
 from torchfeed._pil import decode_rgb, encode_jpeg
 from torchfeed._pipeline_bench.dataset import (
     list_image_folder,
@@ -101,22 +102,13 @@ PROGRESSIVE = "whole progressive photo-sized JPEGs at 1/8 (CPU)"
 def progressive():
     folder = os.environ.get("TORCHFEED_BENCH_PHOTOS")
     if folder:
-        files = [p.read_bytes() for p in list_image_folder(Path(folder))[0]]
-        files = [f for f in files if _is_progressive(f)][:12]
+        paths = [p for p in list_image_folder(Path(folder))[0] if (h := _header(p)) and h[3]]
+        files = [p.read_bytes() for p in paths[:12]]
     else:
         files = [encode_jpeg(synthetic_photo(i), **photo_encoding(i)) for i in range(0, 30, 5)]
     if not files:
         pytest.skip("no progressive JPEGs")
     return [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files]
-
-
-def _is_progressive(data: bytes) -> bool:
-    i = 2  # the frame header's marker: SOF2 (0xC2) is progressive
-    while i + 4 <= len(data) and data[i] == 0xFF:
-        if data[i + 1] in (0xC0, 0xC1, 0xC2):
-            return data[i + 1] == 0xC2
-        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
-    return False
 
 
 def test_decode_progressive_torchfeed_without_unread_scans(benchmark, role, progressive):

@@ -204,14 +204,6 @@ std::array<bool, 256> dc_only_components(const jpeg_decompress_struct& c) {
   return dc_only;
 }
 
-// Block smoothing off: libjpeg-turbo smooths a progressive file's blocks whose coefficients are
-// still unknown, the DC term too when every AC term of a component is missing (as in a file
-// without its AC scans); a complete file has nothing to smooth, so this keeps its pixels.
-bool smooth_nothing(Decoder& d) {
-  d.cinfo.do_block_smoothing = FALSE;
-  return true;
-}
-
 // The bytes of a JPEG without the scans of a progressive one that only carry AC coefficients
 // of components in `dc_only` (an AC scan holds one component). Every other marker segment and
 // scan is copied as it is, so what remains is a valid progressive JPEG whose decode at the same
@@ -282,6 +274,33 @@ bool drop_unread_scans(const uint8_t* p, size_t n, const std::array<bool, 256>& 
   }
 }
 
+// The file a progressive JPEG is decoded from at d's scale: without the scans its scaled IDCT
+// never reads (drop_unread_scans). False, with `f` empty, when nothing can be dropped (a
+// sequential file, a scale whose IDCT reads every AC term) or the filter does not follow the
+// file: the original is decoded then.
+bool filter_unread_scans(const Decoder& d, const uint8_t* p, size_t n, ScanFilter& f) {
+  const std::array<bool, 256> dc_only = dc_only_components(d.cinfo);
+  const bool any = std::find(dc_only.begin(), dc_only.end(), true) != dc_only.end();
+  if (d.cinfo.progressive_mode && any && drop_unread_scans(p, n, dc_only, f) && f.dropped > 0) {
+    return true;
+  }
+  f = ScanFilter{};
+  return false;
+}
+
+// A decoder of the filtered file at the original's scale, with block smoothing off:
+// libjpeg-turbo smooths a progressive file's blocks whose coefficients are still unknown, the DC
+// term too when every AC term of a component is missing (as in a file without its AC scans); a
+// complete file has nothing to smooth, so this keeps its pixels.
+bool open_filtered(Decoder& lean, const ScanFilter& f, const Decoder& original,
+                   int64_t scale_denom) {
+  if (!read_header(lean, f.data.data(), f.data.size())) return false;
+  lean.cinfo.do_block_smoothing = FALSE;
+  return scale_output(lean, scale_denom) &&
+         lean.cinfo.output_height == original.cinfo.output_height &&
+         lean.cinfo.output_width == original.cinfo.output_width;
+}
+
 const uint8_t* checked_data(const at::Tensor& data, const char* fn) {
   TORCH_CHECK_VALUE(data.device().is_cpu(), fn, ": data must be a CPU tensor, got ", data.device());
   TORCH_CHECK_TYPE(data.scalar_type() == at::kByte, fn,
@@ -348,13 +367,8 @@ at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t l
   ScanFilter filtered;
   Decoder lean;
   Decoder* use = &d;
-  const std::array<bool, 256> dc_only = dc_only_components(d.cinfo);
-  if (d.cinfo.progressive_mode &&
-      std::find(dc_only.begin(), dc_only.end(), true) != dc_only.end() &&
-      drop_unread_scans(bytes, data.numel(), dc_only, filtered) && filtered.dropped > 0 &&
-      read_header(lean, filtered.data.data(), filtered.data.size()) && smooth_nothing(lean) &&
-      scale_output(lean, scale_denom) && lean.cinfo.output_height == d.cinfo.output_height &&
-      lean.cinfo.output_width == d.cinfo.output_width) {
+  if (filter_unread_scans(d, bytes, data.numel(), filtered) &&
+      open_filtered(lean, filtered, d, scale_denom)) {
     use = &lean;
   }
   // HWC memory, returned as a CHW view: the order torchvision's decoder returns.
@@ -381,10 +395,7 @@ ScanFilter jpeg_unread_scans_dropped(const at::Tensor& data, int64_t scale_denom
   TORCH_CHECK(scale_output(d, scale_denom),
               "jpeg_unread_scans_dropped: corrupt JPEG: ", d.err.message);
   ScanFilter f;
-  if (!d.cinfo.progressive_mode ||
-      !drop_unread_scans(bytes, data.numel(), dc_only_components(d.cinfo), f)) {
-    f = ScanFilter{};
-  }
+  filter_unread_scans(d, bytes, data.numel(), f);
   return f;
 }
 

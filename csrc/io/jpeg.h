@@ -28,8 +28,8 @@ at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t l
 
 // A progressive JPEG without the AC scans of the components whose IDCT at 1/scale_denom reads
 // only the DC coefficient (what decode_jpeg_window decodes from); `scans` counts the file's
-// scans, `dropped` those left out. Empty (0 scans) for a sequential file or one the filter does
-// not follow. Exposed for tests.
+// scans, `dropped` those left out. Empty (0 scans) when nothing is dropped: a sequential file, a
+// scale whose IDCT reads every AC term, or a file the filter does not follow. Exposed for tests.
 struct ScanFilter {
   std::vector<uint8_t> data;
   int scans = 0;
