@@ -103,6 +103,47 @@ def test_a_progressive_file_at_an_eighth_is_decoded_without_its_unread_scans(kin
     assert C._testing.jpeg_unread_scans_dropped(as_tensor(sequential), 8) == (b"", 0, 0)
 
 
+def scan_data_start(data: bytes, *, ac_of: int | None) -> int:
+    """Where the entropy-coded data of a scan begins: the first DC scan (ac_of=None) or the
+    first AC scan of component `ac_of`."""
+    at = 0
+    while (at := data.index(b"\xff\xda", at + 1)) > 0:
+        ns = data[at + 4]
+        header = data[at + 5 : at + 5 + 2 * ns + 3]
+        ss = header[2 * ns]
+        if (ac_of is None and ss == 0) or (ns == 1 and ss > 0 and header[0] == ac_of):
+            return at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+    raise AssertionError("no such scan")
+
+
+@needs_window_decoder
+def test_corrupt_data_in_a_kept_scan_is_refused_at_an_eighth_and_in_a_dropped_one_unseen():
+    """Corrupt entropy-coded data: a marker in the middle of the DC scan, which every scale
+    reads, is refused at 1/8 too (whether the filter follows the file or not). The
+    luma's first AC scan cut short (its data runs into the next marker) is refused at full
+    scale; 1/8 leaves that scan out and returns the clean file's pixels: the corruption could
+    not have changed one."""
+    clean = LARGE["4:2:0 progressive"]()
+    luma = clean[clean.index(b"\xff\xc2") + 10]  # the frame header's first component id
+    eighth = pillow_reduced(clean, 8)
+    height, width = eighth.shape[1:]
+    for ac_of, refused_at_an_eighth in ((None, True), (luma, False)):
+        data = bytearray(clean)
+        at = scan_data_start(clean, ac_of=ac_of) + 20
+        if ac_of is None:
+            data[at : at + 2] = b"\xff\x13"  # an unknown marker inside the scan's data
+        else:
+            del data[at : at + 400]
+        corrupt = as_tensor(bytes(data))
+        with pytest.raises(RuntimeError, match="Corrupt JPEG data"):
+            decode_jpeg_window(corrupt, (0, 0, 10, 10), 1)
+        if refused_at_an_eighth:
+            with pytest.raises(RuntimeError, match="Corrupt JPEG data"):
+                decode_jpeg_window(corrupt, (0, 0, height, width), 8)
+        else:
+            assert torch.equal(decode_jpeg_window(corrupt, (0, 0, height, width), 8), eighth)
+
+
 @needs_window_decoder
 def test_the_scale_is_the_largest_that_keeps_the_output_size():
     data = LARGE["4:2:0"]()  # 611 x 803
