@@ -77,3 +77,64 @@ def edge_boxes(height: int, width: int):
     yield 0, 0, height, 1
     yield 0, width - 1, height, 1
     yield height // 2, width // 2, height - height // 2, width - width // 2
+
+
+def scans(data: bytes) -> list[tuple[int, int, list[int], int, int, int]]:
+    """Every scan a decoder reads from a JPEG, up to its end of image (EOI): (offset of the SOS
+    marker, offset of the marker after its data, component ids, Ss, Se, Al). A marker walk: the
+    segments by their lengths, and inside entropy-coded data a 0xFF followed by a stuffed zero
+    or a restart marker is data. Stops at anything it cannot follow."""
+    found: list[tuple[int, int, list[int], int, int, int]] = []
+    at = 2
+    while at + 4 <= len(data) and data[at] == 0xFF:
+        while at + 1 < len(data) and data[at + 1] == 0xFF:
+            at += 1  # fill bytes
+        code = data[at + 1]
+        if code == 0xD9:  # end of image: what follows is never read
+            break
+        end = at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+        if code == 0xDA:
+            ns = data[at + 4]
+            header = data[at + 5 : at + 5 + 2 * ns + 3]
+            if not 1 <= ns <= 4 or len(header) < 2 * ns + 3:
+                break
+            scan_end = end
+            while (
+                (scan_end := data.find(b"\xff", scan_end)) >= 0
+                and scan_end + 1 < len(data)
+                and (data[scan_end + 1] == 0 or 0xD0 <= data[scan_end + 1] <= 0xD7)
+            ):
+                scan_end += 2
+            scan_end = scan_end if scan_end >= 0 else len(data)
+            ids = [header[2 * k] for k in range(ns)]
+            ss, se, al = header[2 * ns], header[2 * ns + 1], header[2 * ns + 2] & 15
+            found.append((at, scan_end, ids, ss, se, al))
+            end = scan_end
+        at = end
+    return found
+
+
+def without_scan(data: bytes, k: int) -> bytes:
+    """The JPEG without its k-th scan (its header and data; the tables between scans stay): a
+    valid progressive file whose coefficients stop short of some bits."""
+    at, end, *_ = scans(data)[k]
+    return data[:at] + data[end:]
+
+
+def sends_every_bit(data: bytes) -> bool:
+    """Whether a progressive JPEG's scans send every coefficient of every component down to its
+    last bit. When they stop short, libjpeg estimates the missing terms (block smoothing) and
+    versions of libjpeg-turbo estimate differently, so only a complete file has one true set of
+    pixels across libraries. An unreadable scan list counts as incomplete."""
+    sof = data.find(b"\xff\xc2")
+    if sof < 0 or sof + 10 > len(data):
+        return sof < 0  # not progressive: a sequential scan sends everything
+    components = data[sof + 9]
+    ids = [data[sof + 10 + 3 * c] for c in range(components) if sof + 10 + 3 * c < len(data)]
+    sent_to = {c: [None] * 64 for c in ids}
+    for _, _, scan_ids, ss, se, al in scans(data):
+        if ss > se or se > 63 or any(c not in sent_to for c in scan_ids):
+            return False
+        for c in scan_ids:
+            sent_to[c][ss : se + 1] = [al] * (se - ss + 1)
+    return all(bit == 0 for bits in sent_to.values() for bit in bits)

@@ -18,7 +18,17 @@ from torchfeed.decode import DecodeCenterCrop, DecodeRandomCrop, decode_window
 from torchfeed.ops.decode_jpeg_window import decode_jpeg_window
 from torchfeed.transforms import ResizeRandomFlipNormalize
 
-from jpeg_cases import JPEGS, encode, full_decode, needs_window_decoder, picture, random_boxes
+from jpeg_cases import (
+    JPEGS,
+    encode,
+    full_decode,
+    needs_window_decoder,
+    picture,
+    random_boxes,
+    scans,
+    sends_every_bit,
+    without_scan,
+)
 
 
 def pillow_reduced(data: bytes, r: int) -> torch.Tensor:
@@ -101,6 +111,30 @@ def test_a_progressive_file_at_an_eighth_is_decoded_without_its_unread_scans(kin
         assert C._testing.jpeg_unread_scans_dropped(as_tensor(data), r)[2] == 0
     sequential = JPEGS["4:4:4"]()
     assert C._testing.jpeg_unread_scans_dropped(as_tensor(sequential), 8) == (b"", 0, 0)
+
+
+@needs_window_decoder
+@pytest.mark.parametrize("kind", ["4:2:0 progressive", "4:4:4 progressive"])
+def test_a_progressive_file_whose_scans_stop_short_is_read_whole_at_an_eighth(kind):
+    """A valid progressive file without one of its last-bit AC scans: libjpeg smooths its
+    blocks (it estimates the terms it was never sent, the kept components' too), so decoding it
+    without the unread scans and smoothing off would change pixels (4:2:0 without its second
+    chroma refinement: by 7 levels). The decoder reads the whole file then, and gives the
+    scaled decode's pixels."""
+    from torchfeed._extension import C
+
+    data = LARGE[kind]()
+    assert sends_every_bit(data)
+    last_bits = [k for k, (*_, ss, _se, al) in enumerate(scans(data)) if ss > 0 and al == 0]
+    assert len(last_bits) == 3  # one per component
+    for k in last_bits:
+        short = without_scan(data, k)
+        assert not sends_every_bit(short)
+        assert C._testing.jpeg_unread_scans_dropped(as_tensor(short), 8)[2] == 0
+        eighth = pillow_reduced(short, 8)
+        height, width = eighth.shape[1:]
+        window = decode_jpeg_window(as_tensor(short), (0, 0, height, width), 8)
+        assert torch.equal(window, eighth), k
 
 
 def scan_data_start(data: bytes, *, ac_of: int | None) -> int:

@@ -186,36 +186,52 @@ bool read_window(Decoder& d, Window w, uint8_t* out, uint8_t* row, int rows_at_o
   return true;
 }
 
-// Which components' blocks the scaled IDCT turns into single pixels (after scale_output): their
-// inverse transform reads the DC coefficient alone, so their AC coefficients are never used.
-// At 1/8 scale that is the luma of a 4:2:0 file and every component of a 4:4:4, 4:2:2 or
-// grayscale one.
-std::array<bool, 256> dc_only_components(const jpeg_decompress_struct& c) {
-  std::array<bool, 256> dc_only{};
-  for (int ci = 0; ci < c.num_components; ++ci) {
+// The frame's components, by the id scans name them with: where each sits in the frame, and
+// whether the scaled IDCT turns its blocks into single pixels (after scale_output), so that its
+// inverse transform reads the DC coefficient alone and never uses its AC coefficients. At 1/8
+// scale that is the luma of a 4:2:0 file and every component of a 4:4:4, 4:2:2 or grayscale one.
+struct FrameComponents {
+  std::array<int8_t, 256> slot;  // component id -> index in the frame, -1 for none
+  std::array<bool, MAX_COMPONENTS> dc_only{};
+  int count = 0;
+};
+
+FrameComponents frame_components(const jpeg_decompress_struct& c) {
+  FrameComponents f;
+  f.slot.fill(-1);
+  f.count = std::min(c.num_components, MAX_COMPONENTS);
+  for (int ci = 0; ci < f.count; ++ci) {
     const jpeg_component_info& comp = c.comp_info[ci];
 #if JPEG_LIB_VERSION >= 70
-    const bool one = comp.DCT_h_scaled_size == 1 && comp.DCT_v_scaled_size == 1;
+    f.dc_only[ci] = comp.DCT_h_scaled_size == 1 && comp.DCT_v_scaled_size == 1;
 #else
-    const bool one = comp.DCT_scaled_size == 1;
+    f.dc_only[ci] = comp.DCT_scaled_size == 1;
 #endif
-    dc_only[comp.component_id & 0xFF] = one;
+    f.slot[comp.component_id & 0xFF] = static_cast<int8_t>(ci);
   }
-  return dc_only;
+  return f;
 }
 
 // The bytes of a JPEG without the scans of a progressive one that only carry AC coefficients
-// of components in `dc_only` (an AC scan holds one component). Every other marker segment and
-// scan is copied as it is, so what remains is a valid progressive JPEG whose decode at the same
+// of dc_only components (an AC scan holds one component). Every other marker segment and scan
+// is copied as it is, so what remains is a valid progressive JPEG whose decode at the same
 // scale, with block smoothing off, gives the same pixels: the dropped coefficients feed nothing
-// (a 1 x 1 IDCT reads the DC term only). Entropy decoding is most
-// of the cost of a progressive file, and the luma AC scans most of its bytes. Returns false (and
-// the caller decodes the original) at anything unexpected: the decoder then reports it.
-bool drop_unread_scans(const uint8_t* p, size_t n, const std::array<bool, 256>& dc_only,
-                       ScanFilter& f) {
+// (a 1 x 1 IDCT reads the DC term only). Entropy decoding is most of the cost of a progressive
+// file, and the luma AC scans most of its bytes.
+//
+// Only for a complete file: every coefficient of every component sent down to its last bit.
+// libjpeg smooths the blocks of a file whose scans stop early (estimating the coefficients it
+// was never sent, the kept components' too), and the filtered file is decoded with smoothing
+// off, which would change those pixels; a complete file has nothing to smooth. Returns false
+// (and the caller decodes the original) for an incomplete file or at anything unexpected: the
+// decoder then reports it.
+bool drop_unread_scans(const uint8_t* p, size_t n, const FrameComponents& frame, ScanFilter& f) {
   f.data.clear();
   f.scans = f.dropped = 0;
   if (n < 4 || p[0] != 0xFF || p[1] != 0xD8) return false;
+  // the last successive-approximation bit each coefficient was sent to; 0xFF: never sent
+  std::array<std::array<uint8_t, DCTSIZE2>, MAX_COMPONENTS> sent_to;
+  for (auto& bits : sent_to) bits.fill(0xFF);
   f.data.reserve(n);
   f.data.insert(f.data.end(), p, p + 2);
   size_t i = 2;
@@ -226,6 +242,11 @@ bool drop_unread_scans(const uint8_t* p, size_t n, const std::array<bool, 256>& 
     if (m >= n) return false;
     const uint8_t code = p[m];
     if (code == 0xD9) {  // EOI
+      for (int ci = 0; ci < frame.count; ++ci) {
+        for (uint8_t bit : sent_to[ci]) {
+          if (bit != 0) return false;  // a coefficient not sent in full: libjpeg smooths
+        }
+      }
       f.data.push_back(0xFF);
       f.data.push_back(0xD9);
       return true;
@@ -250,6 +271,14 @@ bool drop_unread_scans(const uint8_t* p, size_t n, const std::array<bool, 256>& 
     const size_t ns = len > 2 ? h[0] : 0;
     if (ns < 1 || ns > 4 || len != 2 + 1 + 2 * ns + 3) return false;
     const uint8_t ss = h[1 + 2 * ns];
+    const uint8_t se = h[2 + 2 * ns];
+    const uint8_t al = h[3 + 2 * ns] & 0x0F;
+    if (ss > se || se >= DCTSIZE2) return false;
+    for (size_t k = 0; k < ns; ++k) {
+      const int ci = frame.slot[h[1 + 2 * k]];
+      if (ci < 0) return false;
+      std::fill(sent_to[ci].begin() + ss, sent_to[ci].begin() + se + 1, al);
+    }
     size_t j = end;
     while (true) {
       const void* ff = j < n ? std::memchr(p + j, 0xFF, n - j) : nullptr;
@@ -264,7 +293,7 @@ bool drop_unread_scans(const uint8_t* p, size_t n, const std::array<bool, 256>& 
       break;  // a marker (or fill bytes before one)
     }
     ++f.scans;
-    if (ns == 1 && ss > 0 && dc_only[h[1]]) {
+    if (ns == 1 && ss > 0 && frame.dc_only[frame.slot[h[1]]]) {
       ++f.dropped;
     } else {
       f.data.push_back(0xFF);
@@ -276,12 +305,13 @@ bool drop_unread_scans(const uint8_t* p, size_t n, const std::array<bool, 256>& 
 
 // The file a progressive JPEG is decoded from at d's scale: without the scans its scaled IDCT
 // never reads (drop_unread_scans). False, with `f` empty, when nothing can be dropped (a
-// sequential file, a scale whose IDCT reads every AC term) or the filter does not follow the
-// file: the original is decoded then.
+// sequential file, a scale whose IDCT reads every AC term), when the file's scans stop before
+// its last bits, or when the filter does not follow the file: the original is decoded then.
 bool filter_unread_scans(const Decoder& d, const uint8_t* p, size_t n, ScanFilter& f) {
-  const std::array<bool, 256> dc_only = dc_only_components(d.cinfo);
-  const bool any = std::find(dc_only.begin(), dc_only.end(), true) != dc_only.end();
-  if (d.cinfo.progressive_mode && any && drop_unread_scans(p, n, dc_only, f) && f.dropped > 0) {
+  const FrameComponents frame = frame_components(d.cinfo);
+  const bool any =
+      std::find(frame.dc_only.begin(), frame.dc_only.end(), true) != frame.dc_only.end();
+  if (d.cinfo.progressive_mode && any && drop_unread_scans(p, n, frame, f) && f.dropped > 0) {
     return true;
   }
   f = ScanFilter{};

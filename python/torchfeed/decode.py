@@ -17,8 +17,10 @@ full-scale result (README, "Decoding at reduced scale"). A progressive JPEG is e
 whole at any scale, which made it 3-5x slower than a sequential one; at 1/8 the window decoder
 now leaves out the scans of coefficients that scale never reads (the AC scans of every
 component whose 8 x 8 blocks become single pixels: the luma of a 4:2:0 file, every component of
-a 4:4:4 or 4:2:2 one), with the same pixels as decoding the whole file at 1/8. (Corrupt data in
-a scan it leaves out is therefore not noticed: it would not have changed a pixel.)
+a 4:4:4 or 4:2:2 one), with the same pixels as decoding the whole file at 1/8 (a file whose
+scans stop short of some coefficients' last bits, which libjpeg smooths, is decoded whole).
+(Corrupt data in a scan it leaves out is therefore not noticed: it would not have changed a
+pixel.)
 
 Crop-window decoding needs the extension built with libjpeg-turbo (``build_info()["jpeg"]``).
 Without it, and for files it cannot decode that way (PNG and other formats, CMYK JPEGs), the
