@@ -137,6 +137,27 @@ def test_a_progressive_file_whose_scans_stop_short_is_read_whole_at_an_eighth(ki
         assert torch.equal(window, eighth), k
 
 
+@needs_window_decoder
+@pytest.mark.parametrize("r", [1, 2, 8])
+@pytest.mark.parametrize("cut", ["EOI after 4 scans", "no last luma scan"])
+def test_every_window_of_a_file_libjpeg_smooths_is_a_slice_of_its_whole_decode(cut, r):
+    """A progressive file that ends early (an EOI where a scan was) or lacks a last-bit scan is
+    valid, and libjpeg smooths its blocks from their neighbours', two blocks each side: a window
+    cropped out of it took its left edge for the image's and differed from the whole decode by
+    2 levels. Every window is the whole decode sliced. (Against this machine's libjpeg, not
+    Pillow's: versions of libjpeg-turbo smooth differently.)"""
+    data = LARGE["4:2:0 progressive"]()
+    found = scans(data)
+    short = data[: found[4][0]] + b"\xff\xd9" if cut.startswith("EOI") else without_scan(data, 9)
+    assert not sends_every_bit(short)
+    height, width = math.ceil(515 / r), math.ceil(733 / r)
+    whole = decode_jpeg_window(as_tensor(short), (0, 0, height, width), r)
+    boxes = [*random_boxes(height, width, 6, seed=r), (height // 3, width // 2, height // 3, 9)]
+    for top, left, h, w in boxes:
+        window = decode_jpeg_window(as_tensor(short), (top, left, h, w), r)
+        assert torch.equal(window, whole[:, top : top + h, left : left + w]), (top, left, h, w)
+
+
 def scan_data_start(data: bytes, *, ac_of: int | None) -> int:
     """Where the entropy-coded data of a scan begins: the first DC scan (ac_of=None) or the
     first AC scan of component `ac_of`."""

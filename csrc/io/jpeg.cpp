@@ -123,6 +123,21 @@ bool scale_output(Decoder& d, int64_t scale_denom) {
   return true;
 }
 
+// Whether libjpeg smooths this decode's blocks: a progressive file whose scans stop short of
+// some coefficient's last bit (coef_bits, known once jpeg_start_decompress has read every scan)
+// with block smoothing on. The estimate reads neighbouring blocks (two each side in
+// libjpeg-turbo 2.1), and a decode cropped with jpeg_crop_scanline takes the crop's edge for
+// the image's (pixels at a window's left edge differed by 2 levels from the whole decode).
+bool smooths(const jpeg_decompress_struct& c) {
+  if (!c.progressive_mode || !c.do_block_smoothing || c.coef_bits == nullptr) return false;
+  for (int ci = 0; ci < c.num_components; ++ci) {
+    for (int k = 0; k < DCTSIZE2; ++k) {
+      if (c.coef_bits[ci][k] != 0) return true;
+    }
+  }
+  return false;
+}
+
 // Decodes rows [top, top + height) and columns [left, left + width) of the (scaled) output into
 // `out` (HWC, RGB). `row` has room for `rows_at_once` full-width RGB rows.
 bool read_window(Decoder& d, Window w, uint8_t* out, uint8_t* row, int rows_at_once) {
@@ -140,9 +155,11 @@ bool read_window(Decoder& d, Window w, uint8_t* out, uint8_t* row, int rows_at_o
 #endif
   const int64_t imcu_w = int64_t{c.max_h_samp_factor} * block_w;
   const int64_t imcu_h = int64_t{c.max_v_samp_factor} * block_h;
+  // A file libjpeg smooths is decoded from its first row at full width, as a whole decode is.
+  const bool whole = smooths(c);
   // Columns: a margin of one iMCU each side; jpeg_crop_scanline widens to iMCU boundaries.
-  const int64_t x0 = std::max<int64_t>(0, w.left - imcu_w);
-  const int64_t x1 = std::min(image_w, w.left + w.width + imcu_w);
+  const int64_t x0 = whole ? 0 : std::max<int64_t>(0, w.left - imcu_w);
+  const int64_t x1 = whole ? image_w : std::min(image_w, w.left + w.width + imcu_w);
   JDIMENSION xoffset = static_cast<JDIMENSION>(x0);
   JDIMENSION xwidth = static_cast<JDIMENSION>(x1 - x0);
   if (xwidth < c.output_width) {
@@ -152,7 +169,7 @@ bool read_window(Decoder& d, Window w, uint8_t* out, uint8_t* row, int rows_at_o
   }
   // Rows: skip whole iMCU rows up to one iMCU row above the window, decode (and drop) the
   // margin, then the window; nothing below it is decoded.
-  const int64_t y0 = std::max<int64_t>(0, (w.top - imcu_h) / imcu_h * imcu_h);
+  const int64_t y0 = whole ? 0 : std::max<int64_t>(0, (w.top - imcu_h) / imcu_h * imcu_h);
   if (y0 > 0) {
     jpeg_skip_scanlines(&c, static_cast<JDIMENSION>(y0));
   }
