@@ -242,6 +242,39 @@ def test_bad_transform_configuration(kwargs, error, match):
         RandomResizedCropFlipNormalize(**base)
 
 
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (
+            lambda: RandomResizedCropFlipNormalize(16),
+            "RandomResizedCropFlipNormalize: mean and std are required",
+        ),
+        (
+            lambda: ResizeRandomFlipNormalize(16, mean=MEAN),
+            "ResizeRandomFlipNormalize: std is required",
+        ),
+        (
+            lambda: ResizeCenterCropNormalize(20, 16, std=STD),
+            "ResizeCenterCropNormalize: mean is required",
+        ),
+        (
+            lambda: ResizeCenterCropNormalize(20, 16, mean=MEAN, std=STD, p_flip=0.5),
+            "ResizeCenterCropNormalize: unexpected keyword argument 'p_flip'; its options are mean, std",
+        ),
+        (
+            lambda: RandomResizedCropFlipNormalize(16, mean=MEAN, std=STD, interpolate="nearest"),
+            "unexpected keyword argument 'interpolate'",
+        ),
+    ],
+)
+def test_a_missing_or_unknown_option_is_named(make, match):
+    """Not Python's "ImageOptions.__init__() missing 2 required positional arguments", which
+    names a class the user never wrote."""
+    with pytest.raises(TypeError, match=match) as e:
+        make()
+    assert "ImageOptions" not in str(e.value)
+
+
 def test_bad_targets():
     t = RandomResizedCropFlipNormalize(8, mean=MEAN, std=STD)
     with pytest.raises(ValueError, match=r"targets must be a list with one entry per image \(2\)"):

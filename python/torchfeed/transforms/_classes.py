@@ -37,7 +37,26 @@ class Options(TypedDict):
     return_params: NotRequired[bool]
 
 
-def _build(plan: Plan, options: Options) -> tuple[Plan, ImageOptions, torch.Generator | None, bool]:
+_OPTIONS = tuple(Options.__annotations__)
+
+
+def _build(
+    transform: str, plan: Plan, options: Options
+) -> tuple[Plan, ImageOptions, torch.Generator | None, bool]:
+    unknown = [name for name in options if name not in _OPTIONS]
+    if unknown:
+        raise TypeError(
+            f"{transform}: unexpected keyword argument {unknown[0]!r}; its options are "
+            f"{', '.join(_OPTIONS)} (after size and the steps' own arguments)"
+        )
+    missing = [name for name in ("mean", "std") if name not in options]
+    if missing:
+        raise TypeError(
+            f"{transform}: {' and '.join(missing)} {'are' if len(missing) > 1 else 'is'} required "
+            "(the Normalize step's per-channel "
+            "values, one for all channels or one per channel; ImageNet's: "
+            "mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))"
+        )
     kwargs: dict = dict(options)
     generator = kwargs.pop("generator", None)
     return_params = kwargs.pop("return_params", False)
@@ -76,7 +95,7 @@ class RandomResizedCropFlipNormalize(FusedTransform):
         self.ratio = check_range("ratio", ratio, positive=True)
         self.p_flip = check_p_flip(p_flip)
         steps = (RandomCrop(self.size, self.scale, self.ratio), Flip(self.p_flip))
-        super().__init__(*_build(Plan(steps), options))
+        super().__init__(*_build(type(self).__name__, Plan(steps), options))
 
 
 class ResizeRandomFlipNormalize(FusedTransform):
@@ -95,7 +114,9 @@ class ResizeRandomFlipNormalize(FusedTransform):
     ) -> None:
         self.size = size_pair(size)
         self.p_flip = check_p_flip(p_flip)
-        super().__init__(*_build(Plan((Resize(self.size), Flip(self.p_flip))), options))
+        super().__init__(
+            *_build(type(self).__name__, Plan((Resize(self.size), Flip(self.p_flip))), options)
+        )
 
 
 class ResizeCenterCropNormalize(FusedTransform):
@@ -111,4 +132,6 @@ class ResizeCenterCropNormalize(FusedTransform):
         self.resize = resize_arg(resize)
         self.crop = size_pair(crop, "crop")
         size = self.resize if isinstance(self.resize, int) else (self.resize[0], self.resize[1])
-        super().__init__(*_build(Plan((Resize(size), CenterCrop(self.crop))), options))
+        super().__init__(
+            *_build(type(self).__name__, Plan((Resize(size), CenterCrop(self.crop))), options)
+        )
