@@ -215,13 +215,19 @@ def test_doctor_reads_the_users_images(tmp_path):
     assert "~288 MB per batch of 32" in text  # 3 MP x 3 bytes x 32
     if not torch.cuda.is_available():
         assert "no GPU: run the fused transform in the workers" in text
+    assert "1 of the 3 sampled are progressive JPEGs" in text and "jpegtran" in text
     # a bigger output: the crop is fewer times the output, a smaller reduction
     assert "about 1/2" in run_cli("doctor", "--data", str(photos), "--size", "512").stdout
+    # crops 8x the output: the progressive file loses its unread scans, nothing to re-encode
+    eighth = run_cli("doctor", "--data", str(photos), "--size", "128").stdout
+    assert "about 1/8" in eighth and "leaves out the scans it never reads" in eighth
+    assert "jpegtran" not in eighth
     small = _folder_of_jpegs(tmp_path / "small", [(300, 400), (500, 375), (320, 480)])
     text = run_cli("doctor", "--data", str(small)).stdout
     assert "median 0.15 MP" in text
     assert "DecodeRandomCrop(size=" not in text and "MB per batch" not in text
     assert "fused transform in the workers" not in text  # small images: the main process wins
+    assert "progressive JPEGs" in text  # whatever their size
 
 
 def test_doctor_data_errors(tmp_path):

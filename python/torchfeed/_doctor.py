@@ -176,6 +176,20 @@ def images_report(folder: Path, size: int, batch_size: int, gpu: bool) -> tuple[
             "times less decoding, pixels that differ slightly from the full-scale decode; "
             "`torchfeed bench --data` measures both)"
         )
+    if progressive:
+        eighth = window >= 8 * size
+        advice.append(
+            f"{progressive} of the {len(headers)} sampled are progressive JPEGs, which libjpeg "
+            "entropy-decodes whole at any scale (3-5x a sequential file's decode): "
+            + (
+                "at 1/8, as here, the window decoder leaves out the scans it never reads "
+                "(3.6-5.9x faster on the bench's progressive photos)"
+                if eighth
+                else "only at 1/8 scale (crops 8x the output) does the window decoder leave out "
+                "the scans it never reads; re-encoding them sequential, losslessly (jpegtran "
+                "-copy all -optimize in.jpg > out.jpg), saves the rest"
+            )
+        )
     if median >= 1_000_000:
         advice.append(
             f"whole decoded images of this size are ~{whole_mb:.0f} MB per batch of "
