@@ -167,8 +167,9 @@ def images_report(folder: Path, size: int, batch_size: int, gpu: bool) -> tuple[
     advice = []
     window = math.sqrt(_MEAN_CROP_AREA * median)  # a typical crop's side, in pixels
     whole_mb = median * 3 * batch_size / 1e6
-    if window >= 2 * size and jpegs:
-        scale = min(8, 2 ** int(math.log2(window / size)))
+    # the largest of libjpeg's scales (1/2, 1/4, 1/8) at which that crop still covers the output
+    scale = min(8, 2 ** int(math.log2(window / size))) if window >= size else 1
+    if scale >= 2 and jpegs:
         advice.append(
             f"a typical random crop of these images is ~{window:.0f} px a side, "
             f"{window / size:.1f}x the output ({size} px): decode it at reduced scale, "
@@ -177,7 +178,7 @@ def images_report(folder: Path, size: int, batch_size: int, gpu: bool) -> tuple[
             "`torchfeed bench --data` measures both)"
         )
     if progressive:
-        eighth = window >= 8 * size
+        eighth = scale == 8
         advice.append(
             f"{progressive} of the {len(headers)} sampled are progressive JPEGs, which libjpeg "
             "entropy-decodes whole at any scale (3-5x a sequential file's decode): "
