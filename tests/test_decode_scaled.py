@@ -161,12 +161,8 @@ def test_every_window_of_a_file_libjpeg_smooths_is_a_slice_of_its_whole_decode(c
 def scan_data_start(data: bytes, *, ac_of: int | None) -> int:
     """Where the entropy-coded data of a scan begins: the first DC scan (ac_of=None) or the
     first AC scan of component `ac_of`."""
-    at = 0
-    while (at := data.index(b"\xff\xda", at + 1)) > 0:
-        ns = data[at + 4]
-        header = data[at + 5 : at + 5 + 2 * ns + 3]
-        ss = header[2 * ns]
-        if (ac_of is None and ss == 0) or (ns == 1 and ss > 0 and header[0] == ac_of):
+    for at, _end, ids, ss, _se, _al in scans(data):
+        if (ac_of is None and ss == 0) or (ids == [ac_of] and ss > 0):
             return at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")
     raise AssertionError("no such scan")
 
