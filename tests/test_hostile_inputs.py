@@ -351,7 +351,7 @@ def test_mutated_jpegs_give_an_error_or_the_true_pixels(options):
     the file, we returned thousands of corrupted pixels) cannot happen.
 
     A mutation can leave a valid progressive file whose scans stop short of some coefficients'
-    last bits (Ss, Se or Al changed). libjpeg estimates the missing terms (block smoothing), and
+    last bits (an EOI where a marker was, or a scan header's Ss, Se or Al changed). libjpeg estimates the missing terms (block smoothing), and
     this machine's libjpeg-turbo (the one the extension links) and Pillow's own estimate
     differently (by up to 11 levels), so for such a file the reference is the whole image
     decoded by the extension's libjpeg: still every window a slice of it."""

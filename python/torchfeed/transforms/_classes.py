@@ -53,8 +53,8 @@ def _build(
     if missing:
         raise TypeError(
             f"{transform}: {' and '.join(missing)} {'are' if len(missing) > 1 else 'is'} required "
-            "(the Normalize step's per-channel "
-            "values, one for all channels or one per channel; ImageNet's: "
+            "(the Normalize step's per-channel values, one for all channels or one per "
+            "channel; ImageNet's: "
             "mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))"
         )
     kwargs: dict = dict(options)
