@@ -31,8 +31,14 @@ def test_build_info():
     assert info["gpu_kernels_usable"] == (info["cuda_compiled"] and info["gpu_available"])
 
 
-def run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, **env),
+    )
 
 
 def test_import_with_another_torch_names_both_versions():
@@ -50,6 +56,19 @@ def test_import_without_the_extension_says_how_to_build():
     assert result.returncode != 0
     assert "the compiled extension is not built" in result.stderr
     assert "pip install --no-build-isolation" in result.stderr
+
+
+def test_the_cpu_instruction_set_cap_is_read_and_checked_at_import():
+    best = torchfeed._C._testing.limit_cpu_isa("avx512")  # what this machine has at most
+    result = run_python("import torchfeed; print(torchfeed._C.cpu_isa())", TORCHFEED_CPU_ISA="avx2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ("baseline" if best == "baseline" else "avx2")
+    result = run_python("import torchfeed", TORCHFEED_CPU_ISA="sse9")
+    assert result.returncode != 0
+    assert "TORCHFEED_CPU_ISA must be one of baseline, avx2, avx512" in result.stderr
+    assert "'sse9'" in result.stderr
+    with pytest.raises(ValueError, match="limit_cpu_isa: expected 'avx512', 'avx2' or 'baseline'"):
+        torchfeed._C._testing.limit_cpu_isa("sse9")
 
 
 def test_ops_registered():

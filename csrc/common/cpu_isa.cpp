@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 namespace torchfeed {
 namespace {
@@ -12,16 +11,22 @@ CpuIsa detect() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c")) {
-    return CpuIsa::kAvx2;
+    return __builtin_cpu_supports("avx512f") ? CpuIsa::kAvx512 : CpuIsa::kAvx2;
   }
 #endif
   return CpuIsa::kBaseline;
 }
 
+CpuIsa capped(CpuIsa limit) {
+  const CpuIsa best = detect();
+  return static_cast<int>(limit) < static_cast<int>(best) ? limit : best;
+}
+
 CpuIsa initial() {
+  CpuIsa limit = CpuIsa::kAvx512;
   const char* env = std::getenv("TORCHFEED_CPU_ISA");
-  if (env != nullptr && std::strcmp(env, "baseline") == 0) return CpuIsa::kBaseline;
-  return detect();
+  if (env != nullptr && !cpu_isa_from_name(env, &limit)) limit = CpuIsa::kAvx512;
+  return capped(limit);
 }
 
 std::atomic<int>& current() {
@@ -34,8 +39,7 @@ std::atomic<int>& current() {
 CpuIsa cpu_isa() { return static_cast<CpuIsa>(current().load(std::memory_order_relaxed)); }
 
 CpuIsa limit_cpu_isa(CpuIsa limit) {
-  const CpuIsa best = detect();
-  const CpuIsa chosen = static_cast<int>(limit) < static_cast<int>(best) ? limit : best;
+  const CpuIsa chosen = capped(limit);
   current().store(static_cast<int>(chosen));
   return chosen;
 }

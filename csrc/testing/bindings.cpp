@@ -15,10 +15,11 @@ void bind(pybind11::module_& m) {
   t.def(
       "limit_cpu_isa",
       [](const std::string& limit) {
-        TORCH_CHECK_VALUE(limit == "avx2" || limit == "baseline",
-                          "limit_cpu_isa: expected 'avx2' or 'baseline', got '", limit, "'");
-        return std::string(
-            cpu_isa_name(limit_cpu_isa(limit == "avx2" ? CpuIsa::kAvx2 : CpuIsa::kBaseline)));
+        CpuIsa isa = CpuIsa::kBaseline;
+        TORCH_CHECK_VALUE(cpu_isa_from_name(limit, &isa),
+                          "limit_cpu_isa: expected 'avx512', 'avx2' or 'baseline', got '", limit,
+                          "'");
+        return std::string(cpu_isa_name(limit_cpu_isa(isa)));
       },
       "Caps the CPU kernels' instruction set; returns the one now in use.");
   t.def("manual_fences", &set_manual_fences, pybind11::arg("on"),

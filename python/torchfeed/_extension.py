@@ -4,6 +4,7 @@ it, and what the build knows about itself (:func:`build_info`)."""
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
 from typing import Any
 
@@ -38,6 +39,15 @@ def _load() -> ModuleType:
 
 # Loading it registers the ops (torch.ops.torchfeed.*) with the dispatcher.
 C = _load()
+
+# The instruction sets of the CPU kernels, best last; TORCHFEED_CPU_ISA caps the one they use.
+CPU_ISAS = ("baseline", "avx2", "avx512")
+_isa_cap = os.environ.get("TORCHFEED_CPU_ISA")
+if _isa_cap is not None and _isa_cap not in CPU_ISAS:
+    raise ValueError(
+        f"TORCHFEED_CPU_ISA must be one of {', '.join(CPU_ISAS)} (the most the CPU kernels may "
+        f"use; unset: the best this CPU has), got {_isa_cap!r}"
+    )
 
 
 def build_info() -> dict[str, Any]:

@@ -22,12 +22,13 @@
 #include "ops/crop_flip_normalize.h"
 #include "ops/crop_flip_normalize_args.h"
 
-// The passes, once for the baseline instruction set and once for AVX2+FMA (chosen at run time).
+// The passes, once for the baseline instruction set, once for AVX2+FMA and once for AVX-512
+// (chosen at run time; the AVX-512 build has the AVX2 code paths too, TF_CPU_AVX2 set).
 #define TF_CPU_ISA baseline
 #include "ops/cpu/crop_flip_normalize_passes.h"
 #undef TF_CPU_ISA
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define TF_HAVE_AVX2_PASSES 1
+#define TF_HAVE_SIMD_PASSES 1
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
@@ -37,6 +38,19 @@
 #define TF_CPU_ISA avx2
 #define TF_CPU_AVX2 1
 #include "ops/cpu/crop_flip_normalize_passes.h"
+#undef TF_CPU_ISA
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma,f16c")
+#endif
+#define TF_CPU_ISA avx512
+#define TF_CPU_AVX512 1
+#include "ops/cpu/crop_flip_normalize_passes.h"
+#undef TF_CPU_AVX512
 #undef TF_CPU_AVX2
 #undef TF_CPU_ISA
 #if defined(__clang__)
@@ -49,12 +63,12 @@
 namespace torchfeed {
 namespace {
 
-bool use_avx2() {
-#ifdef TF_HAVE_AVX2_PASSES
-  return cpu_isa() == CpuIsa::kAvx2;
-#else
-  return false;
+void run_block(const cfn::cpu::BlockJob& b, CpuIsa isa) {
+#ifdef TF_HAVE_SIMD_PASSES
+  if (isa == CpuIsa::kAvx512) return cfn::cpu::avx512::run_block(b);
+  if (isa == CpuIsa::kAvx2) return cfn::cpu::avx2::run_block(b);
 #endif
+  cfn::cpu::baseline::run_block(b);
 }
 
 using cfn::AxisPlan;
@@ -67,22 +81,22 @@ struct AxisTable {
   std::vector<int64_t> first;  // first tap, relative to the axis base
   std::vector<float> weights;  // [n][width]
   int64_t width = 1;
+  std::vector<cfn::TapSpan> spans;  // [n], kept between calls for its memory
 
   void build(const AxisPlan& p, int64_t begin, int64_t end, int64_t out_size, bool flip,
              int64_t mode, bool antialias) {
     const int64_t n = end - begin;
     first.resize(n);
+    spans.resize(n);
     width = 1;
-    // Spans first, to size the table; the span of an index is cheap to recompute.
+    // Spans first, to size the table.
     for (int64_t i = 0; i < n; ++i) {
-      const cfn::TapSpan s =
-          cfn::tap_span(p, cfn::flip_index(begin + i, out_size, flip), mode, antialias);
-      width = std::max(width, s.count);
+      spans[i] = cfn::tap_span(p, cfn::flip_index(begin + i, out_size, flip), mode, antialias);
+      width = std::max(width, spans[i].count);
     }
     weights.assign(n * width, 0.0f);
     for (int64_t i = 0; i < n; ++i) {
-      const cfn::TapSpan s =
-          cfn::tap_span(p, cfn::flip_index(begin + i, out_size, flip), mode, antialias);
+      const cfn::TapSpan& s = spans[i];
       // Shift the window left at the far edge so that all `width` taps stay inside [0, hi);
       // the extra taps carry weight 0.
       const int64_t start = std::max<int64_t>(0, std::min(s.first, p.hi - width));
@@ -99,6 +113,8 @@ struct Scratch {
   std::vector<int32_t> x_first;  // [x_pad]
   std::vector<float> x_weights;  // [kx][x_pad]
   std::vector<float> rows;       // [ny][C * cols]
+  // AVX-512's transposed columns, 64-byte aligned (16 floats over, for the alignment)
+  std::vector<float> columns;
 };
 
 Scratch& thread_scratch() {
@@ -132,9 +148,9 @@ void process(const ImageDesc& img, const double* geom, bool flip, const Job& job
     x_lo = std::min(x_lo, f);
     x_hi = std::max(x_hi, f + kx);
   }
-  // Tables for 8 columns at a time: first tap as int32, weights transposed to [kx][x_pad];
-  // the padding columns read column 0 with weight 0.
-  const int64_t x_pad = (job.out_w + 7) / 8 * 8;
+  // Tables for 8 (AVX2) or 16 (AVX-512) columns at a time: first tap as int32, weights
+  // transposed to [kx][x_pad]; the padding columns read column 0 with weight 0.
+  const int64_t x_pad = (job.out_w + 15) / 16 * 16;
   s.x_first.assign(x_pad, 0);
   s.x_weights.assign(kx * x_pad, 0.0f);
   for (int64_t x = 0; x < job.out_w; ++x) {
@@ -148,11 +164,32 @@ void process(const ImageDesc& img, const double* geom, bool flip, const Job& job
   // cache (a whole block's rows, 4.8 MB for a 1792-pixel crop, went to memory and back).
   const int64_t row_floats = job.channels * cols;
   constexpr int64_t kBandBytes = 128 * 1024;
-  const int64_t band =
-      std::clamp<int64_t>(kBandBytes / std::max<int64_t>(1, row_floats * 4), 1, ny);
-  // + 4 zeroed floats: the pixel-wise horizontal pass reads one float past a row's last pixel
-  s.rows.resize(band * row_floats + 4);
-  std::fill(s.rows.end() - 4, s.rows.end(), 0.0f);
+  // scratch rows hold all channels interleaved (as the source) or one plane per channel
+  const bool interleaved = job.channels > 1 && img.stride_c == 1 && img.stride_w == job.channels;
+  // AVX-512's horizontal pass takes 16 rows at a time: bands of 16 rows or more (up to 700 KB
+  // of float rows at 16x, still inside a 1 MB L2).
+  const CpuIsa isa = cpu_isa();
+  int64_t band = std::clamp<int64_t>(kBandBytes / std::max<int64_t>(1, row_floats * 4), 1, ny);
+  if (isa == CpuIsa::kAvx512) band = std::min(ny, std::max<int64_t>(16, band / 16 * 16));
+  // + 16 zeroed floats: the horizontal passes read past a row's last pixel (the pixel-wise one
+  // by one float, the AVX-512 transposition by up to 15)
+  s.rows.resize(band * row_floats + 16);
+  std::fill(s.rows.end() - 16, s.rows.end(), 0.0f);
+  float* columns = nullptr;
+  if (isa == CpuIsa::kAvx512) {
+    // the most floats of a plane one chunk of 16 output columns reads, rounded up to 16
+    const int64_t step = interleaved ? job.channels : 1;
+    int64_t most = 0;
+    for (int64_t x0 = 0; x0 < job.out_w; x0 += 16) {
+      const auto chunk = s.x_first.begin() + x0;
+      const auto [lo, hi] =
+          std::minmax_element(chunk, chunk + std::min<int64_t>(16, job.out_w - x0));
+      most = std::max<int64_t>(most, (*hi + kx - *lo) * step);
+    }
+    s.columns.resize(((most + 15) / 16 * 16) * 16 + 16);
+    const uintptr_t address = reinterpret_cast<uintptr_t>(s.columns.data());
+    columns = s.columns.data() + (64 - address % 64) % 64 / sizeof(float);
+  }
 
   cfn::cpu::BlockJob b;
   b.src = img.data + py.base * img.stride_h + (px.base + x_lo) * img.stride_w;
@@ -167,24 +204,20 @@ void process(const ImageDesc& img, const double* geom, bool flip, const Job& job
   b.kx = kx;
   b.out_w = job.out_w;
   b.x_pad = x_pad;
-  b.interleaved = job.channels > 1 && img.stride_c == 1 && img.stride_w == job.channels;
+  b.interleaved = interleaved;
   b.scratch = s.rows.data();
+  b.columns = columns;
   b.affine = job.affine;
   b.osc = job.osc;
   b.osh = job.osh;
   b.osw = job.osw;
   b.out_type = job.out_type;
-  const bool avx2 = use_avx2();
   for (int64_t i0 = 0; i0 < ny; i0 += band) {
     b.y_first = s.ys.first.data() + i0;
     b.y_weights = s.ys.weights.data() + i0 * b.ky;
     b.ny = std::min(band, ny - i0);
     b.out = out + (y_begin + i0) * job.osh * job.element_size;
-    if (avx2) {
-      cfn::cpu::avx2::run_block(b);
-    } else {
-      cfn::cpu::baseline::run_block(b);
-    }
+    run_block(b, isa);
   }
 }
 

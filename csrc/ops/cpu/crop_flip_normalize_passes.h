@@ -40,7 +40,8 @@ struct BlockJob {
   // interleaved: scratch rows hold all channels interleaved (source with sc == 1, sw == C);
   // otherwise one plane per channel
   bool interleaved;
-  float* scratch;  // [ny][channels * cols]
+  float* scratch;  // [ny][channels * cols], then 16 floats of slack
+  float* columns;  // AVX-512: the transposed columns of 16 scratch rows (64-byte aligned)
   const ChannelAffine* affine;
   void* out;  // element (c, i, x) of the block at out[c * osc + i * osh + x * osw]
   int64_t osc, osh, osw;
@@ -53,7 +54,7 @@ struct BlockJob {
 namespace torchfeed::cfn::cpu::TF_CPU_ISA {
 
 // scratch row i = sum_k w[i][k] * source row (first[i] + k), over the columns the taps read.
-#ifdef TF_CPU_AVX2
+#if defined(TF_CPU_AVX2) && !defined(TF_CPU_AVX512)
 // 8 bytes as 8 floats.
 inline __m256 bytes_to_floats(const uint8_t* p) {
   return _mm256_cvtepi32_ps(
@@ -108,6 +109,100 @@ inline void vertical_runs(const uint8_t* __restrict__ src, int64_t sh, const int
         a = _mm256_fmadd_ps(_mm256_set1_ps(w[k]), bytes_to_floats(p), a);
       }
       _mm256_storeu_ps(d + t, a);
+    }
+    for (; t < n; ++t) {
+      float a = 0.0f;
+      for (int64_t k = 0; k < ky; ++k) a = std::fma(w[k], static_cast<float>(row[t + k * sh]), a);
+      d[t] = a;
+    }
+  }
+}
+#endif
+
+#ifdef TF_CPU_AVX512
+// 16 bytes as 16 floats.
+inline __m512 bytes_to_floats16(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// 64 columns of up to two output rows: row 0 sums w0[k] * tap row k for k in [0, ky); row 1
+// (when `two`) sums w1[k] * tap row d + k, 0 <= d < ky. Rows d .. ky - 1 are tap rows of both:
+// each is loaded and converted once and multiplied into both sums (at a downscale by f,
+// neighbouring output rows share about ky - f of their ky rows). Each sum still takes its own
+// taps in order, the same fused multiply-adds as one row at a time: the same bits.
+template <bool two>
+inline void rows64(const uint8_t* p, int64_t sh, const float* w0, const float* w1, int64_t ky,
+                   int64_t d, float* o0, float* o1) {
+  constexpr int64_t kPrefetch = 512;  // bytes ahead in the same row, as in vertical_runs
+  __m512 s0[4], s1[4];
+  for (int q = 0; q < 4; ++q) s0[q] = s1[q] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k < (two ? d : ky); ++k, p += sh) {  // row 0's taps alone
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
+    const __m512 w = _mm512_set1_ps(w0[k]);
+    for (int q = 0; q < 4; ++q) s0[q] = _mm512_fmadd_ps(w, bytes_to_floats16(p + 16 * q), s0[q]);
+  }
+  if constexpr (two) {
+    for (; k < ky; ++k, p += sh) {  // shared
+      _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
+      const __m512 a = _mm512_set1_ps(w0[k]), b = _mm512_set1_ps(w1[k - d]);
+      for (int q = 0; q < 4; ++q) {
+        const __m512 v = bytes_to_floats16(p + 16 * q);
+        s0[q] = _mm512_fmadd_ps(a, v, s0[q]);
+        s1[q] = _mm512_fmadd_ps(b, v, s1[q]);
+      }
+    }
+    for (; k < ky + d; ++k, p += sh) {  // row 1's alone
+      _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
+      const __m512 w = _mm512_set1_ps(w1[k - d]);
+      for (int q = 0; q < 4; ++q) s1[q] = _mm512_fmadd_ps(w, bytes_to_floats16(p + 16 * q), s1[q]);
+    }
+    for (int q = 0; q < 4; ++q) _mm512_storeu_ps(o1 + 16 * q, s1[q]);
+  }
+  for (int q = 0; q < 4; ++q) _mm512_storeu_ps(o0 + 16 * q, s0[q]);
+}
+
+// vertical_runs with AVX-512: output rows in pairs that share their common tap rows (rows64),
+// in panels of columns as below; the last < 64 columns 16 and then 1 at a time.
+inline void vertical_runs(const uint8_t* __restrict__ src, int64_t sh, const int64_t* first,
+                          const float* weights, int64_t ky, int64_t ny, int64_t n,
+                          float* __restrict__ dst, int64_t dst_stride) {
+  constexpr int64_t kPanel = 512;
+  const int64_t whole = n / 64 * 64;
+  for (int64_t x0 = 0; x0 < whole; x0 += kPanel) {
+    const int64_t x1 = std::min(whole, x0 + kPanel);
+    for (int64_t i = 0; i < ny; i += 2) {
+      const float* w = weights + i * ky;
+      const uint8_t* row = src + first[i] * sh;
+      float* o = dst + i * dst_stride;
+      const int64_t d = i + 1 < ny ? first[i + 1] - first[i] : ky;
+      if (d >= 0 && d < ky) {
+        for (int64_t x = x0; x < x1; x += 64) {
+          rows64<true>(row + x, sh, w, w + ky, ky, d, o + x, o + dst_stride + x);
+        }
+        continue;
+      }
+      for (int64_t r = i; r < std::min(ny, i + 2); ++r) {  // no rows in common
+        for (int64_t x = x0; x < x1; x += 64) {
+          rows64<false>(src + first[r] * sh + x, sh, weights + r * ky, nullptr, ky, 0,
+                        dst + r * dst_stride + x, nullptr);
+        }
+      }
+    }
+  }
+  for (int64_t i = 0; i < ny; ++i) {
+    const float* w = weights + i * ky;
+    const uint8_t* row = src + first[i] * sh;
+    float* d = dst + i * dst_stride;
+    int64_t t = whole;
+    for (; t + 16 <= n; t += 16) {
+      __m512 a = _mm512_setzero_ps();
+      const uint8_t* p = row + t;
+      for (int64_t k = 0; k < ky; ++k, p += sh) {
+        a = _mm512_fmadd_ps(_mm512_set1_ps(w[k]), bytes_to_floats16(p), a);
+      }
+      _mm512_storeu_ps(d + t, a);
     }
     for (; t < n; ++t) {
       float a = 0.0f;
@@ -336,9 +431,112 @@ void horizontal_pixels(const BlockJob& j) {
 }
 #endif
 
+#ifdef TF_CPU_AVX512
+// Transposes 16 x 16 floats held in registers: afterwards r[j] holds what was lane j of each.
+inline void transpose16(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: pairs of rows interleaved
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // r[4a + m], lane q: rows 4a .. 4a + 3 of column 4q + m
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {  // then the 128-bit lanes
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+  }
+}
+
+// The horizontal pass with AVX-512: 16 output rows at a time, one row per lane. For each chunk
+// of 16 output pixels, the floats its taps read from the 16 scratch rows are transposed into
+// `columns` (16 x 16 at a time), where one tap of one channel is a single aligned 16-float load
+// for all 16 rows: one load and one multiply-add per tap (the pixel-wise pass needs two
+// half-register loads, an insert and a multiply-add for two rows' three channels). Each sum is
+// still one chain over its taps in order, the same products as horizontal(): the same bits.
+// The 16 x 16 sums (pixels x rows) are transposed back to rows, finished and stored.
+template <int K, typename OutT>
+void horizontal_rows16(const BlockJob& j) {
+  const int64_t kx = K > 0 ? K : j.kx;
+  const int64_t channels = j.channels, cols = j.cols, ny = j.ny, out_w = j.out_w;
+  const int64_t x_pad = j.x_pad, osc = j.osc, osh = j.osh, osw = j.osw;
+  const int64_t width = channels * cols;
+  const bool interleaved = j.interleaved;
+  const int64_t step = interleaved ? channels : 1;  // floats between neighbouring columns
+  const int64_t planes = interleaved ? 1 : channels;
+  const int32_t* __restrict__ x_first = j.x_first;
+  const float* __restrict__ x_weights = j.x_weights;
+  float* __restrict__ columns = j.columns;
+  OutT* __restrict__ out_base = static_cast<OutT*>(j.out);
+  alignas(64) float lanes[16];
+  for (int64_t i0 = 0; i0 < ny; i0 += 16) {
+    const int64_t rows = std::min<int64_t>(16, ny - i0);
+    const float* row[16];  // a group of fewer rows repeats its last (not stored)
+    for (int r = 0; r < 16; ++r) row[r] = j.scratch + std::min<int64_t>(i0 + r, ny - 1) * width;
+    for (int64_t x0 = 0; x0 < out_w; x0 += 16) {
+      const int64_t n = std::min<int64_t>(16, out_w - x0);
+      int64_t lo = x_first[x0], hi = x_first[x0];  // flipped rows run backwards
+      for (int64_t l = 1; l < n; ++l) {
+        lo = std::min<int64_t>(lo, x_first[x0 + l]);
+        hi = std::max<int64_t>(hi, x_first[x0 + l]);
+      }
+      const int64_t span = (hi + kx - lo) * step;  // floats of each plane the chunk reads
+      int64_t at[16];  // where each pixel's first tap is in `columns` (padding: anywhere)
+      for (int64_t l = 0; l < 16; ++l) at[l] = l < n ? (x_first[x0 + l] - lo) * step * 16 : 0;
+      for (int64_t plane = 0; plane < planes; ++plane) {
+        const int64_t begin = interleaved ? lo * channels : plane * cols + lo;
+        for (int64_t f0 = 0; f0 < span; f0 += 16) {  // reads up to 15 floats past: slack
+          __m512 v[16];
+          for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_ps(row[r] + begin + f0);
+          transpose16(v);
+          for (int q = 0; q < 16; ++q) _mm512_store_ps(columns + (f0 + q) * 16, v[q]);
+        }
+        for (int64_t c = interleaved ? 0 : plane; c < (interleaved ? channels : plane + 1); ++c) {
+          const float* tap = columns + (interleaved ? c : 0) * 16;
+          __m512 acc[16];
+          for (int l = 0; l < 16; ++l) acc[l] = _mm512_setzero_ps();
+          const float* w = x_weights + x0;
+          for (int64_t k = 0; k < kx; ++k, w += x_pad, tap += step * 16) {
+            for (int l = 0; l < 16; ++l) {
+              acc[l] = _mm512_fmadd_ps(_mm512_set1_ps(w[l]), _mm512_load_ps(tap + at[l]), acc[l]);
+            }
+          }
+          transpose16(acc);  // acc[r]: the 16 pixels of row i0 + r
+          const __m512 scale = _mm512_set1_ps(j.affine[c].scale);
+          const __m512 bias = _mm512_set1_ps(j.affine[c].bias);
+          for (int64_t r = 0; r < rows; ++r) {
+            const __m512 v = _mm512_fmadd_ps(acc[r], scale, bias);
+            OutT* out = out_base + c * osc + (i0 + r) * osh + x0 * osw;
+            if constexpr (std::is_same_v<OutT, float>) {
+              if (n == 16 && osw == 1) {
+                _mm512_storeu_ps(out, v);
+                continue;
+              }
+            }
+            _mm512_store_ps(lanes, v);
+            store(out, osw, lanes, n);
+          }
+        }
+      }
+    }
+  }
+}
+#endif
+
 template <int K, typename OutT>
 void horizontal_pass(const BlockJob& j) {
-#ifdef TF_CPU_AVX2
+#ifdef TF_CPU_AVX512
+  return horizontal_rows16<K, OutT>(j);
+#elif defined(TF_CPU_AVX2)
   if (j.interleaved && (j.channels == 3 || j.channels == 4)) {
     return horizontal_pixels<K, OutT>(j);
   }
