@@ -78,13 +78,14 @@ def run_epochs(
     """Runs ``epochs + 1`` epochs of ``make_iterable()`` (created once, so persistent workers
     stay up); ``consume(batch)`` does the step's use of a batch and returns its sample count.
     Also measures the CPU time of the timed epochs and the peak memory of all of them."""
+    resources.release_freed_memory()  # every pipeline starts from the same, compact process
     meter = resources.ProcessTreeMeter().start()
     iterable = make_iterable()
     result = PipelineResult(pipeline, config, samples_per_epoch=0)
-    cpu_start = None
+    cpu_start = meter_start = None
     for epoch in range(epochs + 1):
         if epoch == 1 and resources.supported():
-            cpu_start = resources.tree_cpu_seconds()
+            cpu_start, meter_start = resources.tree_cpu_seconds(), meter.cpu_seconds
         seen = 0
         start = time.perf_counter()
         desc = f"{pipeline} [{config}] epoch {epoch}{' (start-up)' if epoch == 0 else ''}"
@@ -96,8 +97,10 @@ def run_epochs(
         else:
             result.epoch_seconds.append(elapsed)
         result.samples_per_epoch = seen
-    if cpu_start is not None:
-        result.cpu_seconds = resources.tree_cpu_seconds() - cpu_start
+    if cpu_start is not None and meter_start is not None:
+        # the pipeline's CPU, without the meter's own samples (taken in this process)
+        metering = meter.cpu_seconds - meter_start
+        result.cpu_seconds = resources.tree_cpu_seconds() - cpu_start - metering
     peak = meter.stop()
     if peak is not None and meter.before is not None:
         # the pipeline's own: what the tree held at most above what it held before it started
