@@ -136,11 +136,18 @@ class ProcessTreeMeter:
         return self
 
     def _measure(self) -> int:
-        start = time.thread_time()  # this thread's CPU, the kernel's time on its behalf too
-        pss = tree_pss_bytes()
         with self._lock:
+            start = time.thread_time()  # this thread's CPU, the kernel's time on its behalf too
+            pss = tree_pss_bytes()
             self.cpu_seconds += time.thread_time() - start
         return pss
+
+    def cpu_and_metering(self) -> tuple[float, float]:
+        """(``tree_cpu_seconds()``, ``cpu_seconds``) read together, with no sample in
+        progress: the difference of two such readings is the tree's CPU and the part of it
+        the meter spent, over the same interval."""
+        with self._lock:
+            return tree_cpu_seconds(), self.cpu_seconds
 
     def _run(self) -> None:
         wait = self.interval

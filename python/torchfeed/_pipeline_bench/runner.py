@@ -85,7 +85,7 @@ def run_epochs(
     cpu_start = meter_start = None
     for epoch in range(epochs + 1):
         if epoch == 1 and resources.supported():
-            cpu_start, meter_start = resources.tree_cpu_seconds(), meter.cpu_seconds
+            cpu_start, meter_start = meter.cpu_and_metering()
         seen = 0
         start = time.perf_counter()
         desc = f"{pipeline} [{config}] epoch {epoch}{' (start-up)' if epoch == 0 else ''}"
@@ -98,9 +98,10 @@ def run_epochs(
             result.epoch_seconds.append(elapsed)
         result.samples_per_epoch = seen
     if cpu_start is not None and meter_start is not None:
-        # the pipeline's CPU, without the meter's own samples (taken in this process)
-        metering = meter.cpu_seconds - meter_start
-        result.cpu_seconds = resources.tree_cpu_seconds() - cpu_start - metering
+        # the pipeline's CPU, without the meter's own samples (taken in this process); both
+        # read between samples, or a sample half inside the interval is taken out whole
+        cpu_end, meter_end = meter.cpu_and_metering()
+        result.cpu_seconds = (cpu_end - cpu_start) - (meter_end - meter_start)
     peak = meter.stop()
     if peak is not None and meter.before is not None:
         # the pipeline's own: what the tree held at most above what it held before it started
