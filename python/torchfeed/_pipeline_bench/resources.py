@@ -95,7 +95,8 @@ def release_freed_memory() -> None:
     live memory. A parent that keeps gigabytes of freed heap (the stage timings' decoded photos,
     an earlier pipeline's batches) shares those pages copy-on-write with every worker it forks,
     and each page either side writes again is copied: on the photo-sized set the baseline's
-    CPU per image rose from 54 to 66 ms after the stage timings, and fell back after a trim."""
+    CPU per image rose from 54 to 66 ms after the stage timings, and was 55-62 ms after them
+    with a trim."""
     gc.collect()
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
