@@ -113,8 +113,8 @@ class ProcessTreeMeter:
 
     A sample is not free: the kernel walks every mapping of a process to sum its Pss (about
     17 ms for a process that has imported a CUDA build of torch), and three such processes
-    sampled every 0.1 s took half of one of this machine's two cores, inside the main process,
-    from the pipeline it measured. So the meter waits at least ``interval`` and long enough
+    sampled every 0.1 s took a quarter of one of this machine's two cores, inside the main
+    process, from the pipeline it measured. So the meter waits at least ``interval`` and long enough
     between samples to spend at most ``budget`` of one core, and counts the CPU time it spends
     (``cpu_seconds``) so that the caller can leave it out of the pipeline's."""
 
@@ -153,9 +153,9 @@ class ProcessTreeMeter:
     def _run(self) -> None:
         wait = self.interval
         while not self._stop.wait(wait):
-            start = time.thread_time()
+            before = self.cpu_seconds
             self.sample()
-            spent = time.thread_time() - start
+            spent = self.cpu_seconds - before
             wait = max(self.interval, spent / self.budget - spent)
 
     def sample(self) -> None:
