@@ -177,16 +177,10 @@ void process(const ImageDesc& img, const double* geom, bool flip, const Job& job
   std::fill(s.rows.end() - 16, s.rows.end(), 0.0f);
   float* columns = nullptr;
   if (isa == CpuIsa::kAvx512) {
-    // the most floats of a plane one chunk of 16 output columns reads, rounded up to 16
-    const int64_t step = interleaved ? job.channels : 1;
-    int64_t most = 0;
-    for (int64_t x0 = 0; x0 < job.out_w; x0 += 16) {
-      const auto chunk = s.x_first.begin() + x0;
-      const auto [lo, hi] =
-          std::minmax_element(chunk, chunk + std::min<int64_t>(16, job.out_w - x0));
-      most = std::max<int64_t>(most, (*hi + kx - *lo) * step);
-    }
-    s.columns.resize(((most + 15) / 16 * 16) * 16 + 16);
+    // A chunk of output columns reads at most a plane's whole width (every tap lies in
+    // [0, cols)), rounded up to 16 floats: 16 such transposed rows, 64-byte aligned.
+    const int64_t plane = interleaved ? row_floats : cols;
+    s.columns.resize((plane + 15) / 16 * 16 * 16 + 16);
     const uintptr_t address = reinterpret_cast<uintptr_t>(s.columns.data());
     columns = s.columns.data() + (64 - address % 64) % 64 / sizeof(float);
   }

@@ -54,6 +54,19 @@ struct BlockJob {
 namespace torchfeed::cfn::cpu::TF_CPU_ISA {
 
 // scratch row i = sum_k w[i][k] * source row (first[i] + k), over the columns the taps read.
+#ifdef TF_CPU_AVX2
+// Columns [t, n) of one scratch row, one at a time: the tail of the vector loops below, with
+// the same fused multiply-adds in the same order.
+inline void column_sums(const uint8_t* row, int64_t sh, const float* w, int64_t ky, int64_t t,
+                        int64_t n, float* d) {
+  for (; t < n; ++t) {
+    float a = 0.0f;
+    for (int64_t k = 0; k < ky; ++k) a = std::fma(w[k], static_cast<float>(row[t + k * sh]), a);
+    d[t] = a;
+  }
+}
+#endif
+
 #if defined(TF_CPU_AVX2) && !defined(TF_CPU_AVX512)
 // 8 bytes as 8 floats.
 inline __m256 bytes_to_floats(const uint8_t* p) {
@@ -110,11 +123,7 @@ inline void vertical_runs(const uint8_t* __restrict__ src, int64_t sh, const int
       }
       _mm256_storeu_ps(d + t, a);
     }
-    for (; t < n; ++t) {
-      float a = 0.0f;
-      for (int64_t k = 0; k < ky; ++k) a = std::fma(w[k], static_cast<float>(row[t + k * sh]), a);
-      d[t] = a;
-    }
+    column_sums(row, sh, w, ky, t, n, d);
   }
 }
 #endif
@@ -204,11 +213,7 @@ inline void vertical_runs(const uint8_t* __restrict__ src, int64_t sh, const int
       }
       _mm512_storeu_ps(d + t, a);
     }
-    for (; t < n; ++t) {
-      float a = 0.0f;
-      for (int64_t k = 0; k < ky; ++k) a = std::fma(w[k], static_cast<float>(row[t + k * sh]), a);
-      d[t] = a;
-    }
+    column_sums(row, sh, w, ky, t, n, d);
   }
 }
 #endif
