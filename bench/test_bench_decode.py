@@ -10,7 +10,9 @@ TORCHFEED_BENCH_PHOTOS=DIR). On each, torchfeed also decodes the window at the l
 still giving 224 pixels each way (``DecodeRandomCrop(size=224)``: other pixels, see README), and
 the floor is libjpeg-turbo decoding the whole file at 1/8 scale (Pillow's draft mode), about
 the cost of reading its entropy-coded data once. A third group decodes whole progressive files at
-1/8, which torchfeed does without the scans that scale never reads.
+1/8, which torchfeed does without the scans that scale never reads; a fourth, random crops of
+progressive files at reduced scale, which torchfeed decodes only down to the crop's last row
+(libjpeg decodes all of a progressive file's scans before its first row comes out).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 import torchfeed.decode as tio
 import torchfeed.ops._jpeg as jpeg_op
+from torchfeed.decode import _reduction, _scaled_box
 from torchfeed._doctor import _header  # (height, width, format, progressive) from Pillow
 from torchfeed._pil import decode_rgb, encode_jpeg
 from torchfeed._pipeline_bench.dataset import (
@@ -133,3 +136,50 @@ def test_decode_progressive_pillow_at_one_eighth(benchmark, role, progressive):
     benchmark.group = PROGRESSIVE
     role("baseline")
     benchmark(lambda: [decode_rgb(e, reduce=8) for e in progressive])
+
+
+# Random crops of the same progressive files at reduced scale (the scale DecodeRandomCrop(size=224)
+# picks): torchfeed's window decoder against Pillow's decode of the whole file at that scale,
+# sliced. The same pixels (checked); torchfeed decodes each scan only down to the crop's rows.
+PROGRESSIVE_CROPS = "random crops of progressive photo-sized JPEGs at reduced scale (CPU)"
+
+
+@pytest.fixture(scope="module")
+def progressive_crops(progressive):
+    g = torch.Generator().manual_seed(0)
+    crops = []
+    for e in progressive:
+        height, width = tio.image_size(e)
+        box = resized_crop_box(height, width, generator=g)
+        r = _reduction(box[2], box[3], (224, 224))
+        crops.append((e, r, _scaled_box(box, r, -(-height // r), -(-width // r))))
+    return crops
+
+
+def test_decode_progressive_crop_torchfeed_window(benchmark, role, progressive_crops):
+    if not jpeg_op.window_decoder():
+        pytest.skip("built without libjpeg-turbo")
+    benchmark.group = PROGRESSIVE_CROPS
+    role("torchfeed")
+
+    def run():
+        return [
+            torch.ops.torchfeed.decode_jpeg_window(e, *box, 0, r) for e, r, box in progressive_crops
+        ]
+
+    out = benchmark(run)
+    for window, (e, r, (top, left, h, w)) in zip(out, progressive_crops, strict=True):
+        assert torch.equal(window, decode_rgb(e, reduce=r)[:, top : top + h, left : left + w])
+
+
+def test_decode_progressive_crop_pillow_scaled_then_crop(benchmark, role, progressive_crops):
+    benchmark.group = PROGRESSIVE_CROPS
+    role("baseline")
+
+    def run():
+        return [
+            decode_rgb(e, reduce=r)[:, top : top + h, left : left + w]
+            for e, r, (top, left, h, w) in progressive_crops
+        ]
+
+    benchmark(run)

@@ -6,7 +6,8 @@ Inputs: JPEGs of every kind libjpeg writes (baseline, progressive, restart marke
 4:2:2, 4:4:4, grayscale, odd sizes), mutated by random byte flips, deletions, insertions, chunk
 duplication, truncation and edits of the frame header's size fields, decoded through the window
 decoder with random boxes (including boxes near the int64 limits) at random scales (a progressive
-file at 1/8 goes through the filter that drops its unread scans). A share of the time also goes
+file goes through the filter that cuts its rows below the box and, at 1/8, drops its unread
+scans). A share of the time also goes
 to the image op's raw entry points with random geometry rows and to the ring's requests.
 
     python scripts/fuzz.py [--seconds 60] [--seed 0]
@@ -62,6 +63,8 @@ def corpus(rng: random.Random) -> list[bytes]:
             # progressive files whose 1/8-scale decode drops scans (4:4:4: all AC; 4:2:0: luma's)
             (45, 66, "RGB", {"progressive": True, "subsampling": 0}),
             (41, 52, "L", {"progressive": True, "restart_marker_rows": 1}),
+            # tall enough that most boxes leave rows below them for the decoder to cut
+            (150, 23, "RGB", {"progressive": True, "restart_marker_blocks": 5}),
         ]
     ):
         g = np.random.default_rng(i)
@@ -115,11 +118,12 @@ def fuzz_jpeg(data: bytes, rng: random.Random) -> None:
     # small pixel limits keep each run short (a mutated header may declare millions of pixels,
     # which a progressive decode would buffer); the limit's own check is among what is fuzzed
     limit = rng.choice([1 << 12, 1 << 16, 1 << 20])
-    scale = rng.choice([1, 2, 4, 8])  # at 1/8, progressive files lose their unread scans
+    # at 1/8, progressive files lose their unread scans; at every scale, their rows below the box
+    scale = rng.choice([1, 2, 4, 8])
     with contextlib.suppress(RuntimeError, ValueError):
         torch.ops.torchfeed.decode_jpeg_window(t, *box(rng), limit, scale)
     with contextlib.suppress(RuntimeError, ValueError):
-        torchfeed._C._testing.jpeg_unread_scans_dropped(t, scale)
+        torchfeed._C._testing.jpeg_scans_filtered(t, scale, rng.choice([0, *box(rng)]))
 
 
 def fuzz_crop(rng: random.Random) -> None:

@@ -101,16 +101,76 @@ def test_a_progressive_file_at_an_eighth_is_decoded_without_its_unread_scans(kin
     from torchfeed._extension import C
 
     data = (LARGE.get(kind) or JPEGS[kind])()
-    kept, scans, dropped = C._testing.jpeg_unread_scans_dropped(as_tensor(data), 8)
+    kept, scans, dropped, rows = C._testing.jpeg_scans_filtered(as_tensor(data), 8)
     assert (scans, dropped) == (6 if "grayscale" in kind else 10, DROPPED_AT_EIGHTH[kind])
+    assert rows == Image.open(io.BytesIO(data)).height  # a window down to the last row
     assert len(kept) < len(data) and kept.endswith(b"\xff\xd9")
     # a valid JPEG (Pillow reads it; its pixels differ, as Pillow smooths the blocks whose AC
     # terms are missing, which the window decoder turns off)
     assert pillow_reduced(kept, 8).shape == pillow_reduced(data, 8).shape
     for r in (1, 2, 4):
-        assert C._testing.jpeg_unread_scans_dropped(as_tensor(data), r)[2] == 0
+        assert C._testing.jpeg_scans_filtered(as_tensor(data), r) == (b"", 0, 0, 0)
     sequential = JPEGS["4:4:4"]()
-    assert C._testing.jpeg_unread_scans_dropped(as_tensor(sequential), 8) == (b"", 0, 0)
+    assert C._testing.jpeg_scans_filtered(as_tensor(sequential), 8) == (b"", 0, 0, 0)
+
+
+PROGRESSIVE = [kind for kind in DROPPED_AT_EIGHTH if kind != "progressive"]
+
+
+def scaled_decode(data: bytes, r: int) -> torch.Tensor:
+    return full_decode(data) if r == 1 else pillow_reduced(data, r)
+
+
+@needs_window_decoder
+@pytest.mark.parametrize("r", [1, 2, 4, 8])
+@pytest.mark.parametrize("kind", PROGRESSIVE)
+def test_a_progressive_file_is_decoded_down_to_the_windows_rows_only(kind, r):
+    """libjpeg decodes every scan of a progressive file before a row comes out; the window
+    decoder's copy of the file declares only the rows down to the window's iMCU row and one more
+    (so that chroma upsampling at the window's last row sees the whole file's neighbours), and
+    libjpeg skips each scan's data below them. Windows ending on either side of every iMCU
+    boundary in the top rows are the whole decode sliced, bit for bit."""
+    from torchfeed._extension import C
+
+    data = LARGE[kind]()
+    whole = scaled_decode(data, r)
+    height, width = whole.shape[1:]
+    image_h = Image.open(io.BytesIO(data)).height
+    imcu = 16 if kind.startswith("4:2:0") else 8
+    for bottom in range(1, min(height, 3 * imcu // r + 3)):
+        kept, _, _, rows = C._testing.jpeg_scans_filtered(as_tensor(data), r, bottom)
+        assert rows == min(image_h, math.ceil(bottom * r / imcu) * imcu + imcu), bottom
+        assert rows < image_h
+        with Image.open(io.BytesIO(kept)) as im:
+            assert im.size == (Image.open(io.BytesIO(data)).width, rows)
+        for top, left, w in ((bottom - 1, 0, width), (0, width // 3, 5)):
+            window = decode_jpeg_window(as_tensor(data), (top, left, bottom - top, w), r)
+            assert torch.equal(window, whole[:, top:bottom, left : left + w]), (top, bottom)
+    # a window down to the last rows: nothing to cut
+    assert C._testing.jpeg_scans_filtered(as_tensor(data), r, height)[3] in (0, image_h)
+
+
+@needs_window_decoder
+def test_corrupt_data_below_a_progressive_window_is_not_decoded():
+    """Like a sequential file's rows below the window, a progressive file's are not decoded: the
+    DC scan's data cut short near its end (it runs into the next scan's marker) goes unseen by a
+    window in the top rows, whose pixels are the clean file's, and is refused by a window down to
+    the last row. A marker where none belongs, below the window, is refused either way: libjpeg
+    stops at it when it skips the rest of the scan."""
+    clean = LARGE["4:2:0 progressive"]()
+    whole = full_decode(clean)
+    _, end, *_ = scans(clean)[0]
+    cut_short = bytearray(clean)
+    del cut_short[end - 400 : end - 10]
+    corrupt = as_tensor(bytes(cut_short))
+    assert torch.equal(decode_jpeg_window(corrupt, (0, 0, 40, 733), 1), whole[:, :40])
+    with pytest.raises(RuntimeError, match="Corrupt JPEG data"):
+        decode_jpeg_window(corrupt, (500, 0, 15, 10), 1)
+    marker = bytearray(clean)
+    marker[end - 10 : end - 8] = b"\xff\x13"
+    for box in ((0, 0, 40, 733), (500, 0, 15, 10)):
+        with pytest.raises(RuntimeError, match="Corrupt JPEG data|Unsupported marker"):
+            decode_jpeg_window(as_tensor(bytes(marker)), box, 1)
 
 
 @needs_window_decoder
@@ -130,7 +190,8 @@ def test_a_progressive_file_whose_scans_stop_short_is_read_whole_at_an_eighth(ki
     for k in last_bits:
         short = without_scan(data, k)
         assert not sends_every_bit(short)
-        assert C._testing.jpeg_unread_scans_dropped(as_tensor(short), 8)[2] == 0
+        assert C._testing.jpeg_scans_filtered(as_tensor(short), 8) == (b"", 0, 0, 0)
+        assert C._testing.jpeg_scans_filtered(as_tensor(short), 1, 1) == (b"", 0, 0, 0)
         eighth = pillow_reduced(short, 8)
         height, width = eighth.shape[1:]
         window = decode_jpeg_window(as_tensor(short), (0, 0, height, width), 8)

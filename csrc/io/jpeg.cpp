@@ -1,13 +1,14 @@
 // Crop-window JPEG decoding with libjpeg-turbo: only the rows and columns of a window are
 // inverse-transformed, upsampled and colour-converted; decoding stops after the window's last
-// row; a progressive file at 1/8 scale is decoded without the scans whose coefficients that
-// scale never reads. The window's pixels are bit-identical to a full decode sliced afterwards
-// (tests check this against torchvision's decoder): the decoder works on a margin of one iMCU
-// around the window so that chroma upsampling at the window's edges sees the same neighbours as in
-// a full decode.
+// row. A progressive file, whose scans libjpeg all decodes before the first row comes out, is
+// decoded from a copy whose frame header declares only the rows down to the window's (and a
+// margin), and at 1/8 scale without the scans whose coefficients that scale never reads. The
+// window's pixels are bit-identical to a full decode sliced afterwards (tests check this against
+// Pillow's decoder): the decoder works on a margin of one iMCU around the window so that chroma
+// upsampling at the window's edges sees the same neighbours as in a full decode.
 //
 // Compiled only when CMake finds libjpeg-turbo >= 1.5 (jpeg_crop_scanline); without it the
-// Python side decodes the whole image with torchvision and slices.
+// Python side decodes the whole image with Pillow and slices.
 #include "io/jpeg.h"
 
 #include <ATen/ATen.h>
@@ -33,6 +34,10 @@ struct ErrorManager {
   jpeg_error_mgr pub;
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX];
+  // Decoding a file whose frame header was cut short of its scans (cut_rows): every scan's data
+  // goes on past the rows the header declares, and libjpeg skips the rest to the next marker,
+  // warning of "extraneous" bytes. Those bytes are expected then, and not decoded.
+  bool rows_cut = false;
 };
 
 [[noreturn]] void on_error(j_common_ptr cinfo) {
@@ -63,6 +68,10 @@ bool corrupt_data(int code) {
 
 void on_message(j_common_ptr cinfo, int level) {
   if (level >= 0) return;  // trace messages
+  if (cinfo->err->msg_code == JWRN_EXTRANEOUS_DATA &&
+      reinterpret_cast<ErrorManager*>(cinfo->err)->rows_cut) {
+    return;
+  }
   char text[JMSG_LENGTH_MAX];
   (*cinfo->err->format_message)(cinfo, text);
   // The codes above, and any other "Corrupt JPEG data" of this libjpeg (bad arithmetic code...)
@@ -229,22 +238,30 @@ FrameComponents frame_components(const jpeg_decompress_struct& c) {
   return f;
 }
 
-// The bytes of a JPEG without the scans of a progressive one that only carry AC coefficients
-// of dc_only components (an AC scan holds one component). Every other marker segment and scan
-// is copied as it is, so what remains is a valid progressive JPEG whose decode at the same
-// scale, with block smoothing off, gives the same pixels: the dropped coefficients feed nothing
-// (a 1 x 1 IDCT reads the DC term only). Entropy decoding is most of the cost of a progressive
-// file, and the luma AC scans most of its bytes.
+// The bytes of a progressive JPEG that the window decoder reads, with the same pixels in the rows
+// it decodes:
+// - without the scans that only carry AC coefficients of dc_only components (an AC scan holds
+//   one component): their coefficients feed nothing, a 1 x 1 IDCT reads the DC term only;
+// - with the frame header declaring only the first `keep_rows` rows (0 or the image's height:
+//   all). libjpeg decodes every scan of a progressive file before it returns a row, and entropy
+//   decoding is most of its cost; a scan of a cut file stops at the declared bottom, and libjpeg
+//   skips the rest of its data to the next marker (rows_cut). The caller keeps an iMCU row
+//   below the window, so that chroma upsampling sees the same neighbours as in the whole file.
+// Every other marker segment and scan is copied as it is, so what remains is a valid progressive
+// JPEG, decoded with block smoothing off. `f.dropped` counts the scans left out, `f.rows` is the
+// height the copy declares.
 //
 // Only for a complete file: every coefficient of every component sent down to its last bit.
 // libjpeg smooths the blocks of a file whose scans stop early (estimating the coefficients it
-// was never sent, the kept components' too), and the filtered file is decoded with smoothing
-// off, which would change those pixels; a complete file has nothing to smooth. Returns false
-// (and the caller decodes the original) for an incomplete file or at anything unexpected: the
-// decoder then reports it.
-bool drop_unread_scans(const uint8_t* p, size_t n, const FrameComponents& frame, ScanFilter& f) {
+// was never sent from the blocks around, the kept components' too), and the copy is decoded with
+// smoothing off, which would change those pixels; a complete file has nothing to smooth. Returns
+// false (and the caller decodes the original) for an incomplete file, for arithmetic coding, or at
+// anything unexpected: the decoder then reports it.
+bool drop_unread_scans(const uint8_t* p, size_t n, const FrameComponents& frame, int64_t keep_rows,
+                       ScanFilter& f) {
   f.data.clear();
   f.scans = f.dropped = 0;
+  f.rows = 0;
   if (n < 4 || p[0] != 0xFF || p[1] != 0xD8) return false;
   // the last successive-approximation bit each coefficient was sent to; 0xFF: never sent
   std::array<std::array<uint8_t, DCTSIZE2>, MAX_COMPONENTS> sent_to;
@@ -279,11 +296,25 @@ bool drop_unread_scans(const uint8_t* p, size_t n, const FrameComponents& frame,
     if (code != 0xDA) {  // any other segment (tables, frame header, APPn, ...) as it is
       f.data.push_back(0xFF);
       f.data.insert(f.data.end(), p + m, p + end);
+      if (code == 0xC2) {  // the progressive Huffman frame header: P, Y (rows), X, components...
+        if (len < 8 || f.rows != 0) return false;
+        f.rows = int64_t{p[m + 4]} << 8 | p[m + 5];
+        if (f.rows == 0) return false;  // rows declared later (DNL): libjpeg refuses it
+        if (keep_rows > 0 && keep_rows < f.rows) {
+          f.rows = keep_rows;
+          uint8_t* y = f.data.data() + f.data.size() - (end - m) + 4;  // the copy's Y
+          y[0] = static_cast<uint8_t>(keep_rows >> 8);
+          y[1] = static_cast<uint8_t>(keep_rows & 0xFF);
+        }
+      } else if (code >= 0xC0 && code <= 0xCF && code != 0xC4 && code != 0xC8 && code != 0xCC) {
+        return false;  // any other frame type: not for this filter
+      }
       i = end;
       continue;
     }
     // SOS: Ns, Ns x (Cs, Td/Ta), Ss, Se, Ah/Al; then entropy-coded data up to the next marker
     // that is neither a stuffed zero nor a restart marker
+    if (f.rows == 0) return false;  // a scan before the frame header
     const uint8_t* h = p + m + 3;
     const size_t ns = len > 2 ? h[0] : 0;
     if (ns < 1 || ns > 4 || len != 2 + 1 + 2 * ns + 3) return false;
@@ -320,32 +351,47 @@ bool drop_unread_scans(const uint8_t* p, size_t n, const FrameComponents& frame,
   }
 }
 
-// The file a progressive JPEG is decoded from at d's scale: without the scans its scaled IDCT
-// never reads (drop_unread_scans). False, with `f` empty, when nothing can be dropped (a
-// sequential file, a scale whose IDCT reads every AC term), when the file's scans stop before
-// its last bits, or when the filter does not follow the file: the original is decoded then.
-bool filter_unread_scans(const Decoder& d, const uint8_t* p, size_t n, ScanFilter& f) {
+// The file a progressive JPEG is decoded from at d's scale when only its first `keep_rows` rows
+// are needed (drop_unread_scans). False, with `f` empty, when nothing would change (a
+// sequential file, a window that needs the last rows at a scale whose IDCT reads every AC term),
+// when the file's scans stop before their last bits, or when the filter does not follow the
+// file: the original is decoded then.
+bool filter_scans(const Decoder& d, const uint8_t* p, size_t n, int64_t keep_rows, ScanFilter& f) {
   const FrameComponents frame = frame_components(d.cinfo);
   const bool any =
       std::find(frame.dc_only.begin(), frame.dc_only.end(), true) != frame.dc_only.end();
-  if (d.cinfo.progressive_mode && any && drop_unread_scans(p, n, frame, f) && f.dropped > 0) {
+  const bool cut = keep_rows > 0 && keep_rows < int64_t{d.cinfo.image_height};
+  if (d.cinfo.progressive_mode && (any || cut) && drop_unread_scans(p, n, frame, keep_rows, f) &&
+      (f.dropped > 0 || f.rows < int64_t{d.cinfo.image_height})) {
     return true;
   }
   f = ScanFilter{};
   return false;
 }
 
+// The image rows (at full scale) a window's rows [0, bottom) of the decode at 1/scale_denom
+// come from, and one iMCU row more: the neighbours chroma upsampling reads below the window's
+// last row are then the whole file's (the last iMCU row of a cut file is upsampled against
+// copies of its own last row, as an image's bottom is). At most the image's height (nothing cut).
+int64_t rows_for_window(const jpeg_decompress_struct& c, int64_t bottom, int64_t scale_denom) {
+  const int64_t imcu = int64_t{c.max_v_samp_factor} * DCTSIZE;
+  bottom = std::clamp<int64_t>(bottom, 0, c.output_height);  // < 2^16: no product overflows
+  const int64_t rows = (bottom * scale_denom + imcu - 1) / imcu * imcu + imcu;
+  return std::min<int64_t>(rows, c.image_height);
+}
+
 // A decoder of the filtered file at the original's scale, with block smoothing off:
 // libjpeg-turbo smooths a progressive file's blocks whose coefficients are still unknown, the DC
 // term too when every AC term of a component is missing (as in a file without its AC scans); a
 // complete file has nothing to smooth, so this keeps its pixels.
-bool open_filtered(Decoder& lean, const ScanFilter& f, const Decoder& original,
-                   int64_t scale_denom) {
+bool open_filtered(Decoder& lean, const ScanFilter& f, const Decoder& original, int64_t scale_denom,
+                   int64_t bottom) {
   if (!read_header(lean, f.data.data(), f.data.size())) return false;
   lean.cinfo.do_block_smoothing = FALSE;
-  return scale_output(lean, scale_denom) &&
-         lean.cinfo.output_height == original.cinfo.output_height &&
-         lean.cinfo.output_width == original.cinfo.output_width;
+  lean.err.rows_cut = f.rows < int64_t{original.cinfo.image_height};
+  return scale_output(lean, scale_denom) && int64_t{lean.cinfo.image_height} == f.rows &&
+         lean.cinfo.output_width == original.cinfo.output_width &&
+         int64_t{lean.cinfo.output_height} >= bottom;
 }
 
 const uint8_t* checked_data(const at::Tensor& data, const char* fn) {
@@ -409,13 +455,15 @@ at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t l
                     ", width ", width, ") must lie inside the ", scaled_h, " x ", scaled_w,
                     " image", scale_denom > 1 ? " (the JPEG at 1/" : "",
                     scale_denom > 1 ? std::to_string(scale_denom) + " of its size)" : "");
-  // A progressive file whose scaled IDCT leaves some AC coefficients unread: decode it without
-  // the scans that carry only those (the same pixels, a fraction of the entropy decoding).
+  // A progressive file: decode only its rows down to the window's (and a margin), and without
+  // the scans that carry only AC coefficients its scaled IDCT never reads. The same pixels, a
+  // fraction of the entropy decoding.
   ScanFilter filtered;
   Decoder lean;
   Decoder* use = &d;
-  if (filter_unread_scans(d, bytes, data.numel(), filtered) &&
-      open_filtered(lean, filtered, d, scale_denom)) {
+  const int64_t keep_rows = rows_for_window(d.cinfo, top + height, scale_denom);
+  if (filter_scans(d, bytes, data.numel(), keep_rows, filtered) &&
+      open_filtered(lean, filtered, d, scale_denom, top + height)) {
     use = &lean;
   }
   // HWC memory, returned as a CHW view: the order torchvision's decoder returns.
@@ -434,15 +482,17 @@ at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t l
   return out.permute({2, 0, 1});
 }
 
-ScanFilter jpeg_unread_scans_dropped(const at::Tensor& data, int64_t scale_denom) {
-  const uint8_t* bytes = checked_data(data, "jpeg_unread_scans_dropped");
+ScanFilter jpeg_scans_filtered(const at::Tensor& data, int64_t scale_denom, int64_t bottom) {
+  const uint8_t* bytes = checked_data(data, "jpeg_scans_filtered");
   Decoder d;
   TORCH_CHECK(read_header(d, bytes, data.numel()),
-              "jpeg_unread_scans_dropped: not a readable JPEG: ", d.err.message);
-  TORCH_CHECK(scale_output(d, scale_denom),
-              "jpeg_unread_scans_dropped: corrupt JPEG: ", d.err.message);
+              "jpeg_scans_filtered: not a readable JPEG: ", d.err.message);
+  TORCH_CHECK_VALUE(scale_denom == 1 || scale_denom == 2 || scale_denom == 4 || scale_denom == 8,
+                    "jpeg_scans_filtered: scale_denom must be 1, 2, 4 or 8, got ", scale_denom);
+  TORCH_CHECK(scale_output(d, scale_denom), "jpeg_scans_filtered: corrupt JPEG: ", d.err.message);
   ScanFilter f;
-  filter_unread_scans(d, bytes, data.numel(), f);
+  const int64_t keep_rows = bottom > 0 ? rows_for_window(d.cinfo, bottom, scale_denom) : 0;
+  filter_scans(d, bytes, data.numel(), keep_rows, f);
   return f;
 }
 

@@ -26,16 +26,20 @@ JpegInfo jpeg_info(const at::Tensor& data);
 at::Tensor decode_jpeg_window_cpu(const at::Tensor& data, int64_t top, int64_t left, int64_t height,
                                   int64_t width, int64_t max_pixels, int64_t scale_denom);
 
-// A progressive JPEG without the AC scans of the components whose IDCT at 1/scale_denom reads
-// only the DC coefficient (what decode_jpeg_window decodes from); `scans` counts the file's
-// scans, `dropped` those left out. Empty (0 scans) when nothing is dropped: a sequential file, a
-// scale whose IDCT reads every AC term, or a file the filter does not follow. Exposed for tests.
+// The progressive JPEG decode_jpeg_window decodes from at 1/scale_denom when a window's last row
+// is `bottom` - 1 in that decode (0: the last row of the image): without the AC scans of the
+// components whose IDCT reads only the DC coefficient, and with its frame header declaring only
+// the rows the window needs (and a margin). `scans` counts the file's scans, `dropped` those left
+// out, `rows` is the height the filtered file declares. Empty (0 scans) when nothing changes: a
+// sequential file, a window down to the last rows at a scale whose IDCT reads every AC term, or a
+// file the filter does not follow. Exposed for tests.
 struct ScanFilter {
   std::vector<uint8_t> data;
   int scans = 0;
   int dropped = 0;
+  int64_t rows = 0;
 };
-ScanFilter jpeg_unread_scans_dropped(const at::Tensor& data, int64_t scale_denom);
+ScanFilter jpeg_scans_filtered(const at::Tensor& data, int64_t scale_denom, int64_t bottom);
 
 std::string jpeg_library_version();
 

@@ -28,14 +28,15 @@ void bind(pybind11::module_& m) {
   t.def("pending_fences", &pending_manual_fences, "How many fences are held.");
 #ifdef TORCHFEED_WITH_JPEG
   t.def(
-      "jpeg_unread_scans_dropped",
-      [](const at::Tensor& data, int64_t scale_denom) {
-        const io::ScanFilter f = io::jpeg_unread_scans_dropped(data, scale_denom);
+      "jpeg_scans_filtered",
+      [](const at::Tensor& data, int64_t scale_denom, int64_t bottom) {
+        const io::ScanFilter f = io::jpeg_scans_filtered(data, scale_denom, bottom);
         const pybind11::bytes kept(reinterpret_cast<const char*>(f.data.data()), f.data.size());
-        return pybind11::make_tuple(kept, f.scans, f.dropped);
+        return pybind11::make_tuple(kept, f.scans, f.dropped, f.rows);
       },
-      pybind11::arg("data"), pybind11::arg("scale_denom"),
-      "(bytes, scans, dropped): the progressive JPEG the window decoder decodes at this scale.");
+      pybind11::arg("data"), pybind11::arg("scale_denom"), pybind11::arg("bottom") = 0,
+      "(bytes, scans, dropped, rows): the progressive JPEG the window decoder decodes at this "
+      "scale for a window whose last row is bottom - 1 (0: the image's last row).");
 #endif
 }
 
