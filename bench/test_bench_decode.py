@@ -25,7 +25,6 @@ import torch
 
 import torchfeed.decode as tio
 import torchfeed.ops._jpeg as jpeg_op
-from torchfeed.decode import _reduction, _scaled_box
 from torchfeed._doctor import _header  # (height, width, format, progressive) from Pillow
 from torchfeed._pil import decode_rgb, encode_jpeg
 from torchfeed._pipeline_bench.dataset import (
@@ -34,6 +33,7 @@ from torchfeed._pipeline_bench.dataset import (
     synthetic_image,
     synthetic_photo,
 )
+from torchfeed.decode import _reduction, _scaled_box
 from torchfeed.sampling import resized_crop_box
 
 SETS = ("64 JPEGs 300-600 px", "12 photo-sized JPEGs")
