@@ -13,14 +13,18 @@ Large photos can also be decoded at a reduced scale: given the output size, the 
 at the largest of libjpeg-turbo's scales (1/2, 1/4, 1/8) at which it still has at least that many
 pixels (``DecodeRandomCrop(size=...)``, :class:`DecodeCenterCrop`), which skips most of the
 inverse DCT and colour conversion of a multi-megapixel JPEG. That is close to, not equal to, the
-full-scale result (README, "Decoding at reduced scale"). A progressive JPEG is entropy-decoded
-whole at any scale, which made it 3-5x slower than a sequential one; at 1/8 the window decoder
-now leaves out the scans of coefficients that scale never reads (the AC scans of every
-component whose 8 x 8 blocks become single pixels: the luma of a 4:2:0 file, every component of
-a 4:4:4 or 4:2:2 one), with the same pixels as decoding the whole file at 1/8 (a file whose
-scans stop short of some coefficients' last bits, which libjpeg smooths, is decoded whole).
-(Corrupt data in a scan it leaves out is therefore not noticed: it would not have changed a
-pixel.)
+full-scale result (README, "Decoding at reduced scale").
+
+A progressive JPEG is a series of scans over the whole image, and libjpeg decodes all of them
+before the first row comes out, which made it 3-5x slower than a sequential one. The window
+decoder gives libjpeg a copy whose frame header declares only the rows down to the window's
+(and one iMCU row more), so every scan stops there; at 1/8 it also leaves out the scans of
+coefficients that scale never reads (the AC scans of every component whose 8 x 8 blocks become
+single pixels: the luma of a 4:2:0 file, every component of a 4:4:4 or 4:2:2 one). The pixels
+are those of decoding the whole file (a file whose scans stop short of some coefficients' last
+bits, which libjpeg smooths, is decoded whole). Corrupt data below the window or in a scan it
+leaves out is therefore not noticed, as in a sequential file's rows below the window: it would
+not have changed a pixel of it.
 
 Crop-window decoding needs the extension built with libjpeg-turbo (``build_info()["jpeg"]``).
 Without it, and for files it cannot decode that way (PNG and other formats, CMYK JPEGs), the
