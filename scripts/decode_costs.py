@@ -1,0 +1,72 @@
+"""What a random crop costs to decode, per kind of JPEG: sequential and progressive files apart.
+
+For every JPEG of a folder (default: the bench's built-in large variant, made if missing), one
+thread decodes the crop ``DecodeRandomCrop(size=224)`` draws, at reduced scale, and the same crop
+at full scale; the report gives the mean per file of each kind. A progressive file's scans are
+each decoded down to the crop's last row, a sequential file's single scan too, so the two
+kinds differ by how many times the entropy-coded data is walked (README, "Decoding at reduced
+scale").
+
+    .venv/bin/python scripts/decode_costs.py [DIR] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from torchfeed._doctor import _header  # (height, width, format, progressive) from Pillow
+from torchfeed._pil import read_bytes
+from torchfeed._pipeline_bench.dataset import ensure_large_dataset, list_image_folder
+from torchfeed.decode import DecodeRandomCrop
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", nargs="?", type=Path, help="an image folder (default: --large)")
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the files (best kept)")
+    args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    torch.set_num_threads(1)
+    folder = args.folder or ensure_large_dataset(128)
+    if not folder.is_dir():
+        parser.error(f"folder: {folder} is not a directory")
+    try:
+        found = list_image_folder(folder)[0]
+    except FileNotFoundError:
+        found = []
+    paths = [p for p in found if (h := _header(p)) and h[2] == "JPEG"]
+    if not paths:
+        parser.error(f"folder: no JPEG files under {folder}")
+    kinds = {p: "progressive" if _header(p)[3] else "sequential" for p in paths}  # type: ignore[index]
+    files = {p: read_bytes(p) for p in paths}
+    best: dict[tuple[Path, str], float] = {}
+    for _ in range(args.repeats):
+        decoders = {  # the same crops in every pass and at both scales
+            "reduced": DecodeRandomCrop(size=224, generator=torch.Generator().manual_seed(0)),
+            "full": DecodeRandomCrop(generator=torch.Generator().manual_seed(0)),
+        }
+        for scale, decode in decoders.items():
+            for p in paths:
+                start = time.perf_counter()
+                decode(files[p])
+                took = time.perf_counter() - start
+                best[p, scale] = min(best.get((p, scale), took), took)
+    print(f"{folder}: {len(paths)} JPEGs, one thread, best of {args.repeats} passes")
+    for kind in ("sequential", "progressive"):
+        mine = [p for p in paths if kinds[p] == kind]
+        if mine:
+            reduced = 1e3 * sum(best[p, "reduced"] for p in mine) / len(mine)
+            full = 1e3 * sum(best[p, "full"] for p in mine) / len(mine)
+            print(
+                f"  {kind:<11} {len(mine):4d} files: random crop {reduced:6.1f} ms at reduced "
+                f"scale, {full:6.1f} ms at full scale (mean per file)"
+            )
+
+
+if __name__ == "__main__":
+    main()
