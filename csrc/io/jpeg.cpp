@@ -243,10 +243,11 @@ FrameComponents frame_components(const jpeg_decompress_struct& c) {
 // - without the scans that only carry AC coefficients of dc_only components (an AC scan holds
 //   one component): their coefficients feed nothing, a 1 x 1 IDCT reads the DC term only;
 // - with the frame header declaring only the first `keep_rows` rows (0 or the image's height:
-//   all). libjpeg decodes every scan of a progressive file before it returns a row, and entropy
-//   decoding is most of its cost; a scan of a cut file stops at the declared bottom, and libjpeg
-//   skips the rest of its data to the next marker (rows_cut). The caller keeps an iMCU row
-//   below the window, so that chroma upsampling sees the same neighbours as in the whole file.
+//   all; a Huffman-coded file only). libjpeg decodes every scan of a progressive file before it
+//   returns a row, and entropy decoding is most of its cost; a scan of a cut file stops at the
+//   declared bottom, and libjpeg skips the rest of its data to the next marker (rows_cut). The
+//   caller keeps an iMCU row below the window, so that chroma upsampling sees the same neighbours
+//   as in the whole file.
 // Every other marker segment and scan is copied as it is, so what remains is a valid progressive
 // JPEG, decoded with block smoothing off. `f.dropped` counts the scans left out, `f.rows` is the
 // height the copy declares.
@@ -255,8 +256,8 @@ FrameComponents frame_components(const jpeg_decompress_struct& c) {
 // libjpeg smooths the blocks of a file whose scans stop early (estimating the coefficients it
 // was never sent from the blocks around, the kept components' too), and the copy is decoded with
 // smoothing off, which would change those pixels; a complete file has nothing to smooth. Returns
-// false (and the caller decodes the original) for an incomplete file, for arithmetic coding, or at
-// anything unexpected: the decoder then reports it.
+// false (and the caller decodes the original) for an incomplete file, a frame that is not
+// progressive, or at anything unexpected: the decoder then reports it.
 bool drop_unread_scans(const uint8_t* p, size_t n, const FrameComponents& frame, int64_t keep_rows,
                        ScanFilter& f) {
   f.data.clear();
@@ -296,11 +297,13 @@ bool drop_unread_scans(const uint8_t* p, size_t n, const FrameComponents& frame,
     if (code != 0xDA) {  // any other segment (tables, frame header, APPn, ...) as it is
       f.data.push_back(0xFF);
       f.data.insert(f.data.end(), p + m, p + end);
-      if (code == 0xC2) {  // the progressive Huffman frame header: P, Y (rows), X, components...
+      if (code == 0xC2 || code == 0xCA) {  // a progressive frame header: P, Y (rows), X, ...
         if (len < 8 || f.rows != 0) return false;
         f.rows = int64_t{p[m + 4]} << 8 | p[m + 5];
         if (f.rows == 0) return false;  // rows declared later (DNL): libjpeg refuses it
-        if (keep_rows > 0 && keep_rows < f.rows) {
+        // Rows are cut in Huffman-coded files only: how libjpeg's arithmetic decoder leaves a
+        // scan it stops early is untested (no encoder at hand writes such files).
+        if (code == 0xC2 && keep_rows > 0 && keep_rows < f.rows) {
           f.rows = keep_rows;
           uint8_t* y = f.data.data() + f.data.size() - (end - m) + 4;  // the copy's Y
           y[0] = static_cast<uint8_t>(keep_rows >> 8);
