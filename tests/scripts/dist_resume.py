@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import json
 import os
 import signal
@@ -69,7 +70,11 @@ def main() -> None:
     p.add_argument("--crash", type=int, default=-1)
     p.add_argument("--resume", default=None)
     args = p.parse_args()
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    # A rank waits in a collective at most this long for the others. CI runs this on two busy
+    # cores next to other tests (one run there timed out at 60 s); the test's own limit is 300 s.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
+    # a rank that is still running after that leaves its threads' stacks in the job's stderr
+    faulthandler.dump_traceback_later(200, exit=True)
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out)
     loader = build(args.kind, EPOCH)
