@@ -39,10 +39,12 @@ def main() -> None:
         found = list_image_folder(folder)[0]
     except FileNotFoundError:
         found = []
-    paths = [p for p in found if (h := _header(p)) and h[2] == "JPEG"]
-    if not paths:
+    # (height, width, format, progressive) of each file, read once; None for an unreadable one
+    headers = {p: h for p in found if (h := _header(p)) and h[2] == "JPEG"}
+    if not headers:
         parser.error(f"folder: no JPEG files under {folder}")
-    kinds = {p: "progressive" if _header(p)[3] else "sequential" for p in paths}  # type: ignore[index]
+    paths = list(headers)
+    kinds = {p: "progressive" if h[3] else "sequential" for p, h in headers.items()}
     files = {p: read_bytes(p) for p in paths}
     best: dict[tuple[Path, str], float] = {}
     for _ in range(args.repeats):

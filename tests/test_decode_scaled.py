@@ -135,14 +135,15 @@ def test_a_progressive_file_is_decoded_down_to_the_windows_rows_only(kind, r):
     data = LARGE[kind]()
     whole = scaled_decode(data, r)
     height, width = whole.shape[1:]
-    image_h = Image.open(io.BytesIO(data)).height
+    with Image.open(io.BytesIO(data)) as im:
+        image_w, image_h = im.size
     imcu = 16 if kind.startswith("4:2:0") else 8
     for bottom in range(1, min(height, 3 * imcu // r + 3)):
         kept, _, _, rows = C._testing.jpeg_scans_filtered(as_tensor(data), r, bottom)
         assert rows == min(image_h, math.ceil(bottom * r / imcu) * imcu + imcu), bottom
         assert rows < image_h
         with Image.open(io.BytesIO(kept)) as im:
-            assert im.size == (Image.open(io.BytesIO(data)).width, rows)
+            assert im.size == (image_w, rows)
         for top, left, w in ((bottom - 1, 0, width), (0, width // 3, 5)):
             window = decode_jpeg_window(as_tensor(data), (top, left, bottom - top, w), r)
             assert torch.equal(window, whole[:, top:bottom, left : left + w]), (top, bottom)

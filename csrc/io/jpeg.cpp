@@ -34,9 +34,10 @@ struct ErrorManager {
   jpeg_error_mgr pub;
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX];
-  // Decoding a file whose frame header was cut short of its scans (cut_rows): every scan's data
-  // goes on past the rows the header declares, and libjpeg skips the rest to the next marker,
-  // warning of "extraneous" bytes. Those bytes are expected then, and not decoded.
+  // Decoding a file whose frame header was cut short of its scans (drop_unread_scans' keep_rows,
+  // from rows_for_window): every scan's data goes on past the rows the header declares, and
+  // libjpeg skips the rest to the next marker, warning of "extraneous" bytes. Those bytes are
+  // expected then, and not decoded.
   bool rows_cut = false;
 };
 
