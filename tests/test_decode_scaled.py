@@ -149,6 +149,12 @@ def test_a_progressive_file_is_decoded_down_to_the_windows_rows_only(kind, r):
             assert torch.equal(window, whole[:, top:bottom, left : left + w]), (top, bottom)
     # a window down to the last rows: nothing to cut
     assert C._testing.jpeg_scans_filtered(as_tensor(data), r, height)[3] in (0, image_h)
+    with pytest.raises(ValueError, match=f"bottom must be .* height {height}, got {height + 1}"):
+        C._testing.jpeg_scans_filtered(as_tensor(data), r, height + 1)
+    with pytest.raises(ValueError, match="bottom must be .*, got -1"):
+        C._testing.jpeg_scans_filtered(as_tensor(data), r, -1)
+    with pytest.raises(ValueError, match="scale_denom must be 1, 2, 4 or 8, got 3"):
+        C._testing.jpeg_scans_filtered(as_tensor(data), 3, 1)
 
 
 @needs_window_decoder

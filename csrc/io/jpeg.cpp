@@ -377,9 +377,9 @@ bool filter_scans(const Decoder& d, const uint8_t* p, size_t n, int64_t keep_row
 // come from, and one iMCU row more: the neighbours chroma upsampling reads below the window's
 // last row are then the whole file's (the last iMCU row of a cut file is upsampled against
 // copies of its own last row, as an image's bottom is). At most the image's height (nothing cut).
+// The callers check 0 <= bottom <= output_height (< 2^16), so no product overflows.
 int64_t rows_for_window(const jpeg_decompress_struct& c, int64_t bottom, int64_t scale_denom) {
   const int64_t imcu = int64_t{c.max_v_samp_factor} * DCTSIZE;
-  bottom = std::clamp<int64_t>(bottom, 0, c.output_height);  // < 2^16: no product overflows
   const int64_t rows = (bottom * scale_denom + imcu - 1) / imcu * imcu + imcu;
   return std::min<int64_t>(rows, c.image_height);
 }
@@ -494,6 +494,10 @@ ScanFilter jpeg_scans_filtered(const at::Tensor& data, int64_t scale_denom, int6
   TORCH_CHECK_VALUE(scale_denom == 1 || scale_denom == 2 || scale_denom == 4 || scale_denom == 8,
                     "jpeg_scans_filtered: scale_denom must be 1, 2, 4 or 8, got ", scale_denom);
   TORCH_CHECK(scale_output(d, scale_denom), "jpeg_scans_filtered: corrupt JPEG: ", d.err.message);
+  TORCH_CHECK_VALUE(bottom >= 0 && bottom <= int64_t{d.cinfo.output_height},
+                    "jpeg_scans_filtered: bottom must be 0 (the last row) or a row count up to the "
+                    "scaled image's height ",
+                    d.cinfo.output_height, ", got ", bottom);
   ScanFilter f;
   const int64_t keep_rows = bottom > 0 ? rows_for_window(d.cinfo, bottom, scale_denom) : 0;
   filter_scans(d, bytes, data.numel(), keep_rows, f);
