@@ -186,18 +186,22 @@ bool read_window(Decoder& d, Window w, uint8_t* out, uint8_t* row, int rows_at_o
   const int64_t row_bytes = int64_t{xwidth} * 3;
   const int64_t skip_cols = (w.left - int64_t{xoffset}) * 3;
   const int64_t out_row_bytes = w.width * 3;
+  // Rows of the window that are whole decoded rows (the window spans the decoded columns: a
+  // whole image) are decoded in place; the others go through `row` and are copied out.
+  const bool in_place = skip_cols == 0 && row_bytes == out_row_bytes;
   JSAMPROW rows[16];
-  for (int i = 0; i < rows_at_once; ++i) {
-    rows[i] = row + i * row_bytes;
-  }
   int64_t y = c.output_scanline;
   const int64_t end = w.top + w.height;
   while (y < end) {
     const int64_t want = std::min<int64_t>(rows_at_once, end - y);
+    for (int64_t i = 0; i < want; ++i) {
+      const int64_t r = y + i;
+      rows[i] = in_place && r >= w.top ? out + (r - w.top) * out_row_bytes : row + i * row_bytes;
+    }
     const int64_t got = jpeg_read_scanlines(&c, rows, static_cast<JDIMENSION>(want));
     for (int64_t i = 0; i < got; ++i) {
       const int64_t r = y + i;
-      if (r >= w.top) {
+      if (r >= w.top && !in_place) {
         std::copy_n(rows[i] + skip_cols, out_row_bytes, out + (r - w.top) * out_row_bytes);
       }
     }
