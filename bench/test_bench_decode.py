@@ -12,7 +12,8 @@ the floor is libjpeg-turbo decoding the whole file at 1/8 scale (Pillow's draft 
 the cost of reading its entropy-coded data once. A third group decodes whole progressive files at
 1/8, which torchfeed does without the scans that scale never reads; a fourth, random crops of
 progressive files at reduced scale, which torchfeed decodes only down to the crop's last row
-(libjpeg decodes all of a progressive file's scans before its first row comes out).
+(libjpeg decodes all of a progressive file's scans before its first row comes out). The last
+group decodes whole images (``decode_image``) against Pillow's decode into a tensor.
 """
 
 from __future__ import annotations
@@ -183,3 +184,28 @@ def test_decode_progressive_crop_pillow_scaled_then_crop(benchmark, role, progre
         ]
 
     benchmark(run)
+
+
+# Whole images, as a pipeline that decodes every pixel does (the collate-then-crop pipelines,
+# ImageFolder's loader): torchfeed.decode.decode_image (libjpeg-turbo straight into the tensor)
+# against Pillow's decode into a tensor (its RGBX image, then the copy out). The same pixels
+# (checked).
+@pytest.fixture(scope="module", params=SETS)
+def whole(request):
+    files = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in _files(request.param)]
+    return f"decode whole images, {request.param} (CPU)", files
+
+
+def test_decode_whole_torchfeed(benchmark, role, whole):
+    if not jpeg_op.window_decoder():
+        pytest.skip("built without libjpeg-turbo")
+    benchmark.group, files = whole
+    role("torchfeed")
+    out = benchmark(lambda: [tio.decode_image(f) for f in files])
+    assert all(torch.equal(a, decode_rgb(f)) for a, f in zip(out, files, strict=True))
+
+
+def test_decode_whole_pillow(benchmark, role, whole):
+    benchmark.group, files = whole
+    role("baseline")
+    benchmark(lambda: [decode_rgb(f) for f in files])

@@ -6,7 +6,8 @@ timings in ``stages``), on the same files in the same order:
   ``pin_memory=True`` on a GPU machine; ``.to(device)``;
 - the one-line change: the baseline with its Compose passed through ``torchfeed.fuse`` (the same
   steps, one fused pass per sample in the workers);
-- torchfeed: workers only read and decode (uint8, any size); a ragged uint8 collate
+- torchfeed: workers only read and decode (uint8, any size; ``torchfeed.decode.decode_image``,
+  libjpeg-turbo straight into the tensor); a ragged uint8 collate
   (``ImageCollate``, one shared-memory buffer); ``DevicePrefetcher`` with the pinned ring; the
   fused per-image crop/flip/resize/normalize on the device (on a CPU-only machine, in the
   prefetcher's thread);
@@ -19,8 +20,9 @@ timings in ``stages``), on the same files in the same order:
   faster, and the result differs slightly from the full-scale one (the report measures by how
   much).
 
-Files are read and decoded with Pillow where the window decoder does not decode them
-(torchvision 0.29 deprecates its own decoder).
+The baseline and the one-line change decode with Pillow, as an ``ImageFolder`` does (torchvision
+0.29 deprecates its own decoder); the torchfeed pipelines decode with ``torchfeed.decode`` (Pillow
+for what libjpeg-turbo does not decode: other formats, CMYK JPEGs).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from torchfeed._pil import decode_rgb, read_bytes
 from torchfeed._pipeline_bench.runner import PipelineResult, run_epochs
 from torchfeed.collate import ImageCollate
 from torchfeed.data import SkipCorrupt
-from torchfeed.decode import DecodeRandomCrop
+from torchfeed.decode import DecodeRandomCrop, decode_image
 from torchfeed.loaders import loader as zc_loader
 from torchfeed.prefetch import DevicePrefetcher
 from torchfeed.transforms import RandomResizedCropFlipNormalize, ResizeRandomFlipNormalize, fuse
@@ -172,7 +174,7 @@ def make_pipelines(
     def prefetched(dl, t):  # the fused transform in the prefetcher
         return DevicePrefetcher(dl, device, transform=lambda b: (t(b[0]), b[1]))
 
-    def shared(decode=True, transform=None, zero_copy=True):
+    def shared(decode=decode_image, transform=None, zero_copy=True):
         # workers collate straight into the shared ring; with `transform`, the fused kernel
         # writes there (each worker draws from its own generator: the DataLoader seeds them apart)
         return zc_loader(
@@ -185,7 +187,7 @@ def make_pipelines(
         )
 
     def ours():
-        ds = skipped.track(FileDataset(files, labels))
+        ds = skipped.track(FileDataset(files, labels, decode=decode_image))
         dl = loader(ds, batch_size, workers, collate_fn=ImageCollate(0))
         return prefetched(dl, fused_transform())
 
