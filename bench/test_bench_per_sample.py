@@ -114,3 +114,42 @@ def test_per_sample_pil(benchmark, role, images, name):
 def test_per_sample_tensor(benchmark, role, images, name):
     kind, _, tensors = images
     run(benchmark, role, tensors, name, f"per sample, tensor {kind}")
+
+
+# From the file, as ImageFolder's worker runs it: the loader, then the transform, per sample.
+# Baseline: Pillow's loader (open, convert to RGB, as torchvision's default_loader) and
+# torchvision (ToImage first); torchfeed: the same Compose fused, after Pillow's loader, and on
+# the file's bytes (``loader=torchfeed.decode.read_file``: only the crop's pixels are decoded;
+# the same output as on the PIL image, tests/transforms/test_encoded_input.py).
+def pil_loader(data: bytes) -> PIL.Image.Image:
+    with PIL.Image.open(io.BytesIO(data)) as image:
+        return image.convert("RGB")
+
+
+FROM_FILE = {
+    "torchvision, PIL loader": (pil_loader, "torchvision, ToImage first"),
+    "torchfeed fused Compose, PIL loader": (pil_loader, "torchfeed fused Compose"),
+    "torchfeed fused Compose, read_file": (lambda data: data, "torchfeed fused Compose"),
+}
+
+
+@pytest.mark.parametrize("name", list(FROM_FILE))
+def test_per_sample_from_the_file(benchmark, role, images, name):
+    kind, pils, _ = images
+    files = []
+    for p in pils:
+        buf = io.BytesIO()
+        p.save(buf, "JPEG", quality=90)
+        files.append(buf.getvalue())
+    load, pipeline = FROM_FILE[name]
+    benchmark.group = f"per sample from the file (loader + transform), JPEG {kind}"
+    role("baseline" if name.startswith("torchvision") else "torchfeed")
+    transform = PIPELINES[pipeline]()
+    torch.manual_seed(0)
+
+    def each():
+        for data in files:
+            transform(load(data))
+
+    benchmark.pedantic(each, rounds=5 if len(files) < COUNT else 10, warmup_rounds=1)
+    benchmark.extra_info["images"] = len(files)

@@ -79,6 +79,7 @@ def test_bench_quick_prints_the_table(quick_run):
         "images: torchfeed zero-copy + crop-window decode",
         "zero-copy + crop-window decode",
         "images: torchfeed zero-copy + crop-window decode at reduced scale",
+        "on the file's bytes: loader=read_file)",
         "CPU ms/sample",
         "peak MB",
         "decoding at reduced scale (",
@@ -212,6 +213,7 @@ def test_doctor_reads_the_users_images(tmp_path):
         in text
     )
     assert "DecodeRandomCrop(size=224)" in text and "about 1/4" in text
+    assert "loader=torchfeed.decode.read_file, transform=torchfeed.fuse(" in text
     assert "~288 MB per batch of 32" in text  # 3 MP x 3 bytes x 32
     if not torch.cuda.is_available():
         assert "no GPU: run the fused transform in the workers" in text

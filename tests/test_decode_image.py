@@ -1,21 +1,18 @@
 """torchfeed.decode.decode_image and read_image: whole images, equal to Pillow's decode, through
-libjpeg-turbo for JPEGs; the ImageFolder habit (``loader=read_image``); every user error."""
+libjpeg-turbo for JPEGs; every user error. (``ImageFolder(loader=read_image)``:
+tests/transforms/test_encoded_input.py.)"""
 
 from __future__ import annotations
 
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from torchvision.datasets import ImageFolder
-from torchvision.transforms import v2
 
 import torchfeed.decode as tio
 import torchfeed.ops._jpeg as jpeg_op
 from torchfeed.decode import decode_image, read_image
-from torchfeed.transforms import fuse
 
 from jpeg_cases import JPEGS, encode, full_decode, needs_window_decoder, picture
 
@@ -101,48 +98,3 @@ def test_read_image_errors_name_the_file(tmp_path):
     cut.write_bytes(JPEGS["4:2:0"]()[:1500])
     with pytest.raises(RuntimeError, match=r"cannot decode '.*cut\.jpg': .*Premature end"):
         read_image(cut)
-
-
-def _image_folder(root: Path) -> list[bytes]:
-    blobs = []
-    for i in range(6):
-        folder = root / f"class{i % 2}"
-        folder.mkdir(exist_ok=True)
-        blob = encode(picture(40 + 9 * i, 70 - 5 * i, seed=i), quality=88, progressive=i % 3 == 0)
-        (folder / f"{i}.jpg").write_bytes(blob)
-        blobs.append(blob)
-    return blobs
-
-
-def test_image_folder_with_read_image_as_its_loader(tmp_path):
-    """The torchvision habit: an ImageFolder and a v2.Compose. With ``loader=read_image`` the
-    transform gets tensors in place of PIL images, and gives what it gives on the PIL images."""
-    _image_folder(tmp_path)
-    compose = v2.Compose(
-        [
-            v2.RandomResizedCrop(24, antialias=True),
-            v2.RandomHorizontalFlip(),
-            v2.ToImage(),
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize((0.5, 0.4, 0.3), (0.2, 0.25, 0.3)),
-        ]
-    )
-    # torchvision resizes a PIL image and a tensor with different rounding (a uint8 level apart
-    # at most, 1 / 255 / 0.2 after this Normalize); the fused transform reads both alike
-    for transform, tolerance in ((compose, 1 / 255 / 0.2 + 1e-5), (fuse(compose), 1e-5)):
-        with_pil = ImageFolder(str(tmp_path), transform=transform)
-        with_tensors = ImageFolder(str(tmp_path), loader=read_image, transform=transform)
-        for i in range(len(with_pil)):
-            torch.manual_seed(i)
-            want, label = with_pil[i]
-            torch.manual_seed(i)
-            got, same_label = with_tensors[i]
-            assert label == same_label and got.shape == (3, 24, 24)
-            assert torch.allclose(got, want, rtol=0, atol=tolerance), (transform, i)
-    loader = torch.utils.data.DataLoader(
-        ImageFolder(str(tmp_path), loader=read_image, transform=fuse(compose)),
-        batch_size=3,
-        num_workers=2,
-    )
-    batches = list(loader)
-    assert [b[0].shape for b in batches] == [(3, 3, 24, 24)] * 2

@@ -169,6 +169,13 @@ def images_report(folder: Path, size: int, batch_size: int, gpu: bool) -> tuple[
     whole_mb = median * 3 * batch_size / 1e6
     # the largest of libjpeg's scales (1/2, 1/4, 1/8) at which that crop still covers the output
     scale = min(8, 2 ** int(math.log2(window / size))) if window >= size else 1
+    if jpegs:
+        advice.append(
+            "a per-sample transform (ImageFolder(transform=...)): ImageFolder(root, "
+            "loader=torchfeed.decode.read_file, transform=torchfeed.fuse(your_compose)) hands "
+            "the fused transform the file's bytes, and it decodes only the pixels its crop reads "
+            "(the same output as on the decoded image)"
+        )
     if scale >= 2 and jpegs:
         advice.append(
             f"a typical random crop of these images is ~{window:.0f} px a side, "

@@ -61,6 +61,7 @@ __all__ = [
     "decode_image",
     "decode_window",
     "image_size",
+    "read_file",
     "read_image",
 ]
 
@@ -138,7 +139,7 @@ def decode_image(data: Any) -> Tensor:
 
     A JPEG goes straight from libjpeg-turbo into the tensor (the window decoder with the whole
     image as its window), one pass fewer than Pillow's RGBX image and its copy out: 1.2-1.5x
-    faster on photos (README, "Decoding whole images"), the pixels Pillow's exactly. Other
+    faster on photos (README, "Decoding in the loader"), the pixels Pillow's exactly. Other
     formats, CMYK JPEGs and builds without libjpeg-turbo are decoded with
     Pillow. torchvision 0.29 deprecates ``torchvision.io.decode_image``; this takes its place
     in a pipeline that decodes whole images."""
@@ -152,15 +153,24 @@ def _decode_image(data: Tensor) -> Tensor:
     return source.window((0, 0, *source.size))
 
 
-def read_image(path: str | os.PathLike) -> Tensor:
-    """:func:`decode_image` of a file: ``ImageFolder(root, loader=read_image, transform=...)``
-    hands the transform uint8 ``[3, H, W]`` tensors in place of PIL images (the fused
-    transforms and torchvision's v2 transforms take both)."""
+def read_file(path: str | os.PathLike) -> Tensor:
+    """A file's bytes as a 1-D uint8 tensor (what ``torchvision.io.read_file``, deprecated in
+    0.29, returned): ``ImageFolder(root, loader=read_file, transform=t)`` hands ``t`` the
+    encoded image, and a fused transform (``torchfeed.fuse``, ``RandomResizedCropFlipNormalize``)
+    decodes only the pixels its crop reads."""
     if not isinstance(path, str | os.PathLike):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     data = read_bytes(path)
     if data.numel() == 0:
         raise ValueError(f"the file {os.fspath(path)!r} is empty (0 bytes)")
+    return data
+
+
+def read_image(path: str | os.PathLike) -> Tensor:
+    """:func:`decode_image` of a file: ``ImageFolder(root, loader=read_image, transform=...)``
+    hands the transform uint8 ``[3, H, W]`` tensors in place of PIL images (the fused
+    transforms and torchvision's v2 transforms take both)."""
+    data = read_file(path)
     try:
         return _decode_image(data)
     except RuntimeError as e:

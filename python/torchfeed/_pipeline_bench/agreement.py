@@ -9,7 +9,13 @@ from pathlib import Path
 import torch
 
 from torchfeed._pil import decode_rgb, read_bytes
-from torchfeed._pipeline_bench.image_pipelines import MEAN, SIZE, STD, WINDOW_BOUND
+from torchfeed._pipeline_bench.image_pipelines import (
+    MEAN,
+    SIZE,
+    STD,
+    WINDOW_BOUND,
+    fused_transform,
+)
 from torchfeed.decode import decode_window
 from torchfeed.ops.crop_flip_normalize import crop_flip_normalize
 from torchfeed.reference import crop_flip_normalize_torchvision
@@ -55,9 +61,16 @@ def check_agreement(files: Sequence[Path], count: int = 8) -> dict[str, float]:
     whole = torch.tensor([[0, 0, w.shape[1], w.shape[2]] for w in windows])
     from_windows = crop_flip_normalize(windows, whole, flips, SIZE, mean=MEAN, std=STD)
     window_diff = float((from_windows - ours).abs().max())
+    # a fused transform handed the file's bytes decodes only its crop's window: the same draws
+    # on the bytes and on the decoded images give the same tensors
+    on_bytes, on_images = fused_transform(1), fused_transform(1)
+    for _, e, image in readable:
+        diff_bytes = float((on_bytes(e) - on_images(image)).abs().max())
+        window_diff = max(window_diff, diff_bytes)
     if window_diff > WINDOW_BOUND:
         raise AssertionError(
-            f"crop-window decoding disagrees with full decoding: max |diff| {window_diff:.2e}"
+            "crop-window decoding (or the fused transform on the file's bytes) disagrees with "
+            f"full decoding: max |diff| {window_diff:.2e}"
         )
     # reduced-scale decoding: the same boxes at the largest scale keeping SIZE pixels; not the
     # same pixels (another filter), so measured, not bounded: after normalization, in std units

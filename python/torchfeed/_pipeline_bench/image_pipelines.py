@@ -6,6 +6,9 @@ timings in ``stages``), on the same files in the same order:
   ``pin_memory=True`` on a GPU machine; ``.to(device)``;
 - the one-line change: the baseline with its Compose passed through ``torchfeed.fuse`` (the same
   steps, one fused pass per sample in the workers);
+- the second line: the same, with the file's bytes handed to the fused Compose (an
+  ``ImageFolder``'s ``loader=torchfeed.decode.read_file``), which decodes only the pixels its
+  crop reads: the same output as on the decoded image;
 - torchfeed: workers only read and decode (uint8, any size; ``torchfeed.decode.decode_image``,
   libjpeg-turbo straight into the tensor); a ragged uint8 collate
   (``ImageCollate``, one shared-memory buffer); ``DevicePrefetcher`` with the pinned ring; the
@@ -68,6 +71,7 @@ WINDOW_WORKERS = WINDOW + ", fused in workers"
 SCALED = "images: torchfeed zero-copy + crop-window decode at reduced scale"
 SCALED_WORKERS = SCALED + ", fused in workers"
 FUSED_COMPOSE = "images: your torchvision pipeline fused (torchfeed.fuse, per sample)"
+FUSED_BYTES = FUSED_COMPOSE[:-1] + ", on the file's bytes: loader=read_file)"
 
 
 def torchvision_transform() -> v2.Compose:
@@ -110,6 +114,8 @@ class FileDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[Any, int]:
         data = read_bytes(self.files[i])
         if not self.decode:
+            if self.transform is not None:  # a transform that takes the file's bytes
+                return self.transform(data), self.labels[i]
             return data.numpy(), self.labels[i]  # numpy: stays on the host through prefetching
         image = self.decode(data) if callable(self.decode) else decode_rgb(data)
         if self.transform is not None:
@@ -171,6 +177,13 @@ def make_pipelines(
         dl = loader(ds, batch_size, workers, pin_memory=gpu)
         return _Moved(dl, device)
 
+    def fused_bytes():
+        # the second line: the loader hands the fused Compose the file's bytes, and it decodes
+        # only the pixels its crop reads (the same output as on the decoded image)
+        ds = skipped.track(FileDataset(files, labels, fuse(torchvision_transform()), decode=False))
+        dl = loader(ds, batch_size, workers, pin_memory=gpu)
+        return _Moved(dl, device)
+
     def prefetched(dl, t):  # the fused transform in the prefetcher
         return DevicePrefetcher(dl, device, transform=lambda b: (t(b[0]), b[1]))
 
@@ -213,6 +226,7 @@ def make_pipelines(
 
     pipelines[BASELINE] = baseline
     pipelines[FUSED_COMPOSE] = fused_compose
+    pipelines[FUSED_BYTES] = fused_bytes
     pipelines[TORCHFEED] = ours
     if workers > 0:
         pipelines[ZERO_COPY] = zero_copy

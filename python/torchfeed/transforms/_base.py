@@ -21,11 +21,13 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchfeed._output_buffer import OutputBuffer
 from torchfeed._packing import Layout
 from torchfeed._pil import CHANNELS as PIL_CHANNELS
+from torchfeed.decode import _as_encoded, _Source
 from torchfeed.images import RaggedImages
 from torchfeed.ops._image_op import ImageOptions, OpImages, run
 from torchfeed.transforms._inputs import (
     TARGETS,
     as_op_image,
+    is_encoded,
     is_image,
     split_batch,
 )
@@ -129,6 +131,9 @@ class FusedTransform(v2.Transform):
     def forward(self, *inputs: Any) -> Any:
         sample = inputs if len(inputs) > 1 else inputs[0]
         try:
+            if is_encoded(sample):  # a file's bytes: only the pixels the taps read are decoded
+                image, params = self._one_encoded(sample)
+                return (image, params) if self.return_params else image
             if is_image(sample):  # the per-sample fast path: one image, nothing to walk
                 image, params = self._one(sample)
                 return (image, params) if self.return_params else image
@@ -136,8 +141,10 @@ class FusedTransform(v2.Transform):
             if split is not None:
                 return self._batch(*split)
             return self._sample(sample)
-        except _Unfusable:
+        except _Unfusable as e:
             assert self._fallback is not None
+            if e.image is not None:  # the original steps take the decoded image, not its bytes
+                return self._fallback(e.image)
             return self._fallback(*inputs)
 
     def _batch(self, images: Any, targets: Sequence[Any] | None) -> Any:
@@ -182,17 +189,34 @@ class FusedTransform(v2.Transform):
         out_size = self.plan.batch_size_of(sizes)
         params = self.plan.draw(sizes, self.generator)
         grid = self._grid(sizes, params, out_size)
-        # the rows [y0, y1) and columns [x0, x1) the taps read: (start, extent, virtual size,
-        # offset, end of the taps) per axis
-        row = grid[0].tolist()
-        y0, x0, y1, x1 = int(row[0]), int(row[5]), int(row[4]), int(row[9])
+        (y0, x0, y1, x1), grid = _taps_window(grid)
         if (x0, y0, x1, y1) != (0, 0, w, h):
             image = image.crop((x0, y0, x1, y1))
-            row[0], row[4], row[5], row[9] = row[0] - y0, row[4] - y0, row[5] - x0, row[9] - x0
-            grid = torch.tensor([row], dtype=torch.float64)
         plain = as_op_image(image, self._hwc)
         batch = OpImages([plain], self._hwc)
         out = run(batch, grid, self.plan.flip_of(params, 1), out_size, self.options)[0]
+        return out, params
+
+    def _one_encoded(self, data: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        """An encoded image (a JPEG: see torchfeed.decode): its size from the header, the draw,
+        then only the window the crop's taps read is decoded (bit for bit those pixels of the
+        whole decode), so the output is the one of the decoded image, with less decoding."""
+        source = _Source(_as_encoded(data, "the encoded image"))
+        h, w = source.size
+        sizes = torch.tensor([[h, w]], dtype=torch.int64)
+        out_size = self.plan.batch_size_of(sizes)
+        params = self.plan.draw(sizes, self.generator)
+        try:
+            grid = self._grid(sizes, params, out_size)
+        except _Unfusable as e:
+            e.image = source.window((0, 0, h, w))
+            raise
+        (y0, x0, y1, x1), grid = _taps_window(grid)
+        window = source.window((y0, x0, y1 - y0, x1 - x0))
+        plain = window.permute(1, 2, 0) if self._hwc else window
+        out = run(
+            OpImages([plain], self._hwc), grid, self.plan.flip_of(params, 1), out_size, self.options
+        )[0]
         return out, params
 
     def _grid(self, sizes: Tensor, params: dict[str, Tensor], out_size: tuple[int, int]) -> Tensor:
@@ -277,8 +301,23 @@ class FusedTransform(v2.Transform):
         )
 
 
+def _taps_window(grid: Tensor) -> tuple[tuple[int, int, int, int], Tensor]:
+    """The rows [y0, y1) and columns [x0, x1) a one-image grid's taps read, and the grid for
+    those pixels alone (a grid row per axis: start, extent, virtual size, offset, end of the
+    taps)."""
+    row = grid[0].tolist()
+    y0, x0, y1, x1 = int(row[0]), int(row[5]), int(row[4]), int(row[9])
+    if (y0, x0) != (0, 0):
+        row[0], row[4], row[5], row[9] = row[0] - y0, row[4] - y0, row[5] - x0, row[9] - x0
+        grid = torch.tensor([row], dtype=torch.float64)
+    return (y0, x0, y1, x1), grid
+
+
 class _Unfusable(Exception):
-    """This input takes the original steps (a fused pipeline's fallback)."""
+    """This input takes the original steps (a fused pipeline's fallback); ``image``: what they
+    take in its place (an encoded image, decoded)."""
+
+    image: Tensor | None = None
 
 
 def _eight_bit(images: Any) -> bool:

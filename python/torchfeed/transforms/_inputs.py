@@ -19,7 +19,7 @@ from torchvision import tv_tensors
 from torchfeed._pil import pixels
 from torchfeed.images import RaggedImages
 
-__all__ = ["TARGETS", "as_op_image", "is_batch", "is_image", "split_batch"]
+__all__ = ["TARGETS", "as_op_image", "is_batch", "is_encoded", "is_image", "split_batch"]
 
 # The tv_tensors that follow their image's geometry (KeyPoints: torchvision 0.23 and later).
 TARGETS: tuple[type, ...] = tuple(
@@ -41,6 +41,17 @@ def is_image(obj: Any) -> bool:
     if isinstance(obj, Tensor):
         return obj.dim() == 3 and (type(obj) is Tensor or isinstance(obj, tv_tensors.Image))
     return isinstance(obj, np.ndarray) and obj.ndim == 3
+
+
+def is_encoded(obj: Any) -> bool:
+    """An encoded image file (what a loader returning the file's bytes gives): ``bytes``,
+    ``bytearray``, ``memoryview``, or a 1-D uint8 tensor or numpy array (an image is never
+    1-D)."""
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return True
+    if isinstance(obj, Tensor):
+        return type(obj) is Tensor and obj.dim() == 1 and obj.dtype == torch.uint8
+    return isinstance(obj, np.ndarray) and obj.ndim == 1 and obj.dtype == np.uint8
 
 
 def is_batch(obj: Any) -> bool:

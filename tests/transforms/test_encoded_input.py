@@ -1,0 +1,174 @@
+"""The fused transforms on an encoded image (a loader that returns the file's bytes:
+``ImageFolder(root, loader=torchfeed.decode.read_file, transform=...)``): the result is the one
+of the decoded image, bit for bit, for every JPEG kind and other formats, the training and the
+evaluation transform, both layouts and every form the bytes come in; inputs the op cannot do
+exactly take the original steps on the decoded image; errors name what was wrong."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torchvision.datasets import ImageFolder
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as TF
+
+import torchfeed
+import torchfeed.decode as tio
+from torchfeed import RandomResizedCropFlipNormalize, ResizeCenterCropNormalize
+from torchfeed.decode import read_file, read_image
+
+from image_cases import MEAN, STD
+from jpeg_cases import JPEGS, encode, full_decode, needs_window_decoder, picture
+
+TOL = 1e-4  # float rounding, as the op's parity tests
+
+KINDS = {**JPEGS, "png": lambda: encode(picture(90, 71, seed=8), "PNG")}
+
+
+def train(seed: int, **kw) -> RandomResizedCropFlipNormalize:
+    g = torch.Generator().manual_seed(seed)
+    return RandomResizedCropFlipNormalize(
+        (40, 48), mean=MEAN, std=STD, generator=g, return_params=True, **kw
+    )
+
+
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_bytes_give_what_the_decoded_image_gives(kind, layout):
+    data = KINDS[kind]()
+    image = full_decode(data)  # Pillow's decode, [3, H, W]
+    if layout == "HWC":
+        image = image.permute(1, 2, 0).contiguous()
+    for seed in range(12):  # crops anywhere, at the borders, flipped or not
+        got, params = train(seed, image_layout=layout)(data)
+        want, same = train(seed, image_layout=layout)(image)
+        assert torch.equal(params["boxes"], same["boxes"])
+        assert torch.equal(params["flips"], same["flips"])
+        assert torch.allclose(got, want, rtol=0, atol=1e-5), (kind, seed)
+    # and torchvision's steps with the drawn parameters (independent of the op)
+    top, left, h, w = params["boxes"][0].tolist()
+    ref = TF.resized_crop(TF.to_dtype(full_decode(data), torch.float32, scale=True),
+                          top, left, h, w, [40, 48])  # fmt: skip
+    ref = TF.horizontal_flip(ref) if bool(params["flips"][0]) else ref
+    out = got.permute(2, 0, 1) if layout == "HWC" and got.shape[-1] == 3 else got
+    assert (out - TF.normalize(ref, MEAN, STD)).abs().max() < TOL
+
+
+@needs_window_decoder
+def test_only_the_crops_window_is_decoded(monkeypatch):
+    """Guards the test above: a JPEG goes through the window decoder with the taps' window, not
+    through a whole decode."""
+    boxes = []
+    decode = tio.decode_jpeg_window
+    monkeypatch.setattr(tio, "decode_whole", None)  # any use of the fallback would raise
+    monkeypatch.setattr(
+        tio, "decode_jpeg_window", lambda d, b, r=1: boxes.append(b) or decode(d, b, r)
+    )
+    data = JPEGS["progressive"]()  # 200 x 301
+    t = RandomResizedCropFlipNormalize(
+        32, scale=(0.05, 0.06), mean=MEAN, std=STD, generator=torch.Generator().manual_seed(3)
+    )
+    t(data)
+    ((_, _, h, w),) = boxes
+    assert h * w < 0.2 * 200 * 301  # a small crop: a small window (its taps, a pixel or two more)
+
+
+def test_every_form_of_bytes_gives_the_same_result():
+    data = JPEGS["4:2:2"]()
+    want, _ = train(5)(data)
+    array = np.zeros(2 * len(data), dtype=np.uint8)
+    array[::2] = np.frombuffer(data, dtype=np.uint8)
+    for form in [
+        bytearray(data),
+        memoryview(data),
+        torch.frombuffer(bytearray(data), dtype=torch.uint8),
+        np.frombuffer(data, dtype=np.uint8),
+        array[::2],  # non-contiguous
+    ]:
+        assert torch.equal(train(5)(form)[0], want)
+
+
+def test_the_evaluation_transform_and_a_fused_compose():
+    data = KINDS["png"]()
+    image = full_decode(data)
+    evaluation = ResizeCenterCropNormalize(64, 56, mean=MEAN, std=STD)
+    assert torch.equal(evaluation(data), evaluation(image))
+    compose = v2.Compose([v2.RandomResizedCrop(32, antialias=True), v2.RandomHorizontalFlip(),
+                          v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                          v2.Normalize(MEAN, STD)])  # fmt: skip
+    fused = torchfeed.fuse(compose)
+    for seed in range(6):
+        torch.manual_seed(seed)
+        got = fused(JPEGS["4:2:0"]())
+        torch.manual_seed(seed)
+        assert torch.allclose(got, fused(full_decode(JPEGS["4:2:0"]())), rtol=0, atol=1e-5)
+
+
+def test_what_the_op_cannot_do_exactly_takes_the_original_steps_on_the_decoded_image():
+    original = v2.Compose([v2.ToImage(), v2.CenterCrop(300), v2.ToDtype(torch.float32, scale=True),
+                           v2.Normalize(MEAN, STD)])  # fmt: skip
+    data = JPEGS["4:2:0"]()  # 123 x 157: CenterCrop(300) pads it
+    assert torch.equal(torchfeed.fuse(original)(data), original(full_decode(data)))
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "match"),
+    [
+        (b"", ValueError, r"the encoded image is empty \(0 bytes\)"),
+        (torch.zeros(0, dtype=torch.uint8), ValueError, r"the encoded image is empty"),
+        (b"not an image at all", RuntimeError, "cannot decode the image"),
+        (JPEGS["4:2:0"]()[:1500], RuntimeError, "Premature end of JPEG file|truncated"),
+    ],
+)
+def test_bad_bytes(data, error, match):
+    with pytest.raises(error, match=match):
+        train(0)(data)
+
+
+def test_read_file(tmp_path):
+    path = tmp_path / "a.jpg"
+    path.write_bytes(JPEGS["4:4:4"]())
+    data = read_file(path)
+    assert data.dtype == torch.uint8 and data.dim() == 1
+    assert bytes(data.numpy()) == JPEGS["4:4:4"]() and torch.equal(read_file(str(path)), data)
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike, got bytes"):
+        read_file(b"a.jpg")  # type: ignore[arg-type]
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"the file '.*empty\.jpg' is empty \(0 bytes\)"):
+        read_file(tmp_path / "empty.jpg")
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("loader", [read_file, read_image])
+def test_image_folder_with_torchfeeds_loaders(tmp_path, loader):
+    """The torchvision habit, an ImageFolder and a v2.Compose, with ``loader=read_file`` (the
+    transform gets the bytes) or ``read_image`` (a uint8 tensor): with the same draws, the
+    samples of the PIL loader; in workers too."""
+    for i in range(6):
+        (tmp_path / f"c{i % 2}").mkdir(exist_ok=True)
+        (tmp_path / f"c{i % 2}" / f"{i}.jpg").write_bytes(
+            encode(picture(60 + 7 * i, 90 - 5 * i, seed=i), quality=88, progressive=i % 3 == 0)
+        )
+    compose = v2.Compose([v2.RandomResizedCrop(32, antialias=True), v2.RandomHorizontalFlip(),
+                          v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                          v2.Normalize(MEAN, STD)])  # fmt: skip
+    # torchvision resizes a PIL image and a tensor with different rounding (a uint8 level apart
+    # at most, 1 / 255 / min(std) after Normalize); the fused transform reads both alike
+    pairs = [(torchfeed.fuse(compose), 1e-5)]
+    if loader is read_image:  # torchvision's own steps take tensors, not bytes
+        pairs.append((compose, 1 / 255 / min(STD) + 1e-5))
+    for transform, tolerance in pairs:
+        with_pil = ImageFolder(str(tmp_path), transform=transform)
+        with_ours = ImageFolder(str(tmp_path), loader=loader, transform=transform)
+        for i in range(len(with_pil)):
+            torch.manual_seed(i)
+            want, label = with_pil[i]
+            torch.manual_seed(i)
+            got, same_label = with_ours[i]
+            assert label == same_label and got.shape == (3, 32, 32)
+            assert torch.allclose(got, want, rtol=0, atol=tolerance), (transform, i)
+    fused = ImageFolder(str(tmp_path), loader=loader, transform=torchfeed.fuse(compose))
+    images, labels = next(iter(DataLoader(fused, batch_size=6, num_workers=2)))
+    assert images.shape == (6, 3, 32, 32) and labels.tolist() == [0, 0, 0, 1, 1, 1]
