@@ -78,6 +78,9 @@ PIPELINES = {
     "torchvision": lambda: v2.Compose([rrc(), *tail()]),
     "torchfeed": lambda: torchfeed.RandomResizedCropFlipNormalize(224, mean=MEAN, std=STD),
     "torchfeed fused Compose": lambda: torchfeed.fuse(v2.Compose([rrc(), *tail()])),
+    "torchfeed fused Compose, reduced_decode": lambda: torchfeed.fuse(
+        v2.Compose([rrc(), *tail()]), reduced_decode=True
+    ),
 }
 ROLES = {"torchvision, ToImage first": "baseline", "torchvision": "baseline"}
 
@@ -120,7 +123,8 @@ def test_per_sample_tensor(benchmark, role, images, name):
 # Baseline: Pillow's loader (open, convert to RGB, as torchvision's default_loader) and
 # torchvision (ToImage first); torchfeed: the same Compose fused, after Pillow's loader, and on
 # the file's bytes (``loader=torchfeed.decode.read_file``: only the crop's pixels are decoded;
-# the same output as on the PIL image, tests/transforms/test_encoded_input.py).
+# the same output as on the PIL image, tests/transforms/test_encoded_input.py), and with
+# ``reduced_decode=True`` (the crop decoded at reduced scale: not bit-identical, see README).
 def pil_loader(data: bytes) -> PIL.Image.Image:
     with PIL.Image.open(io.BytesIO(data)) as image:
         return image.convert("RGB")
@@ -130,6 +134,10 @@ FROM_FILE = {
     "torchvision, PIL loader": (pil_loader, "torchvision, ToImage first"),
     "torchfeed fused Compose, PIL loader": (pil_loader, "torchfeed fused Compose"),
     "torchfeed fused Compose, read_file": (lambda data: data, "torchfeed fused Compose"),
+    "torchfeed fused Compose, read_file, reduced_decode": (
+        lambda data: data,
+        "torchfeed fused Compose, reduced_decode",
+    ),
 }
 
 

@@ -27,10 +27,10 @@ TOL = 1e-4  # float rounding, as the op's parity tests
 KINDS = {**JPEGS, "png": lambda: encode(picture(90, 71, seed=8), "PNG")}
 
 
-def train(seed: int, **kw) -> RandomResizedCropFlipNormalize:
+def train(seed: int, size=(40, 48), **kw) -> RandomResizedCropFlipNormalize:
     g = torch.Generator().manual_seed(seed)
     return RandomResizedCropFlipNormalize(
-        (40, 48), mean=MEAN, std=STD, generator=g, return_params=True, **kw
+        size, mean=MEAN, std=STD, generator=g, return_params=True, **kw
     )
 
 
@@ -172,3 +172,75 @@ def test_image_folder_with_torchfeeds_loaders(tmp_path, loader):
     fused = ImageFolder(str(tmp_path), loader=loader, transform=torchfeed.fuse(compose))
     images, labels = next(iter(DataLoader(fused, batch_size=6, num_workers=2)))
     assert images.shape == (6, 3, 32, 32) and labels.tolist() == [0, 0, 0, 1, 1, 1]
+
+
+# reduced_decode: a random crop of an encoded JPEG decoded at reduced scale. The reference is
+# torchfeed.decode's scaled window (tests/test_decode_scaled.py checks it against Pillow's draft
+# decode) resized, flipped and normalized by torchvision's functionals.
+def scaled_reference(data, box, flip: bool, size) -> torch.Tensor:
+    window = tio.decode_window(data, box, size=size)
+    out = TF.resize(TF.to_dtype(window, torch.float32, scale=True), list(size), antialias=True)
+    return TF.normalize(TF.horizontal_flip(out) if flip else out, MEAN, STD)
+
+
+SMALL = (20, 24)  # outputs small enough for the test images' crops to reduce, to 1/2 or 1/4
+
+
+@pytest.mark.parametrize("kind", ["4:2:0", "4:4:4", "progressive", "grayscale", "png"])
+def test_reduced_decode_is_the_scaled_window_resized(kind):
+    data = KINDS[kind]()
+    image = full_decode(data)
+    reduced = 0
+    for seed in range(16):
+        got, params = train(seed, SMALL, reduced_decode=True)(data)
+        box, flip = params["boxes"][0].tolist(), bool(params["flips"][0])
+        exact, same = train(seed, SMALL)(data)
+        assert torch.equal(params["boxes"], same["boxes"])  # the same draws
+        window = tio.decode_window(data, box, size=SMALL)
+        if window.shape[1:] == (box[2], box[3]):  # too small to reduce (or not a JPEG): exact
+            assert torch.allclose(got, exact, rtol=0, atol=1e-5), seed
+        else:
+            reduced += 1
+            assert (got - scaled_reference(data, box, flip, SMALL)).abs().max() < TOL, seed
+        # a decoded image is never reduced
+        assert torch.equal(
+            train(seed, SMALL, reduced_decode=True)(image)[0], train(seed, SMALL)(image)[0]
+        )
+    assert (reduced > 0) == (kind != "png"), reduced
+
+
+def test_reduced_decode_with_the_flip_before_the_crop():
+    """A flip before the crop: the box was drawn on the mirrored image, so the window decoded
+    is its mirror."""
+    data = JPEGS["progressive"]()  # 200 x 301
+    compose = v2.Compose([v2.RandomHorizontalFlip(), v2.RandomResizedCrop((40, 48)),
+                          v2.ToDtype(torch.float32, scale=True),
+                          v2.Normalize(MEAN, STD)])  # fmt: skip
+    fused = torchfeed.fuse(compose, reduced_decode=True)
+    flipped = 0
+    for seed in range(12):
+        g = torch.Generator().manual_seed(seed)
+        step = fused.transforms[0]
+        step.generator, step.return_params = g, True
+        got, params = step(data)
+        (top, left, h, w), flip = params["boxes"][0].tolist(), bool(params["flips"][0])
+        if tio.decode_window(data, (top, left, h, w), size=(40, 48)).shape[1:] == (h, w):
+            continue  # not reduced: the exact path, tested above
+        mirrored_left = 301 - left - w if flip else left
+        want = scaled_reference(data, (top, mirrored_left, h, w), flip, (40, 48))
+        assert (got - want).abs().max() < TOL, seed
+        flipped += flip
+    assert flipped > 0
+
+
+def test_reduced_decode_errors():
+    with pytest.raises(TypeError, match="reduced_decode must be a bool, got str"):
+        train(0, reduced_decode="yes")
+    with pytest.raises(ValueError, match="reduced_decode decodes a random crop .* steps have none"):
+        ResizeCenterCropNormalize(64, 56, mean=MEAN, std=STD, reduced_decode=True)
+    evaluation = v2.Compose([v2.Resize(64), v2.CenterCrop(56),
+                             v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])  # fmt: skip
+    with pytest.raises(ValueError, match="fuse: reduced_decode .* no RandomResizedCrop"):
+        torchfeed.fuse(evaluation, reduced_decode=True)
+    with pytest.raises(TypeError, match="reduced_decode must be a bool, got int"):
+        torchfeed.fuse(evaluation, reduced_decode=1)

@@ -8,7 +8,8 @@ timings in ``stages``), on the same files in the same order:
   steps, one fused pass per sample in the workers);
 - the second line: the same, with the file's bytes handed to the fused Compose (an
   ``ImageFolder``'s ``loader=torchfeed.decode.read_file``), which decodes only the pixels its
-  crop reads: the same output as on the decoded image;
+  crop reads: the same output as on the decoded image; and the same at reduced scale
+  (``fuse(..., reduced_decode=True)``: the crop decoded as ``DecodeRandomCrop(size=224)`` does);
 - torchfeed: workers only read and decode (uint8, any size; ``torchfeed.decode.decode_image``,
   libjpeg-turbo straight into the tensor); a ragged uint8 collate
   (``ImageCollate``, one shared-memory buffer); ``DevicePrefetcher`` with the pinned ring; the
@@ -72,6 +73,7 @@ SCALED = "images: torchfeed zero-copy + crop-window decode at reduced scale"
 SCALED_WORKERS = SCALED + ", fused in workers"
 FUSED_COMPOSE = "images: your torchvision pipeline fused (torchfeed.fuse, per sample)"
 FUSED_BYTES = FUSED_COMPOSE[:-1] + ", on the file's bytes: loader=read_file)"
+FUSED_REDUCED = FUSED_BYTES[:-1] + ", reduced_decode=True)"
 
 
 def torchvision_transform() -> v2.Compose:
@@ -177,10 +179,12 @@ def make_pipelines(
         dl = loader(ds, batch_size, workers, pin_memory=gpu)
         return _Moved(dl, device)
 
-    def fused_bytes():
+    def fused_bytes(reduced_decode=False):
         # the second line: the loader hands the fused Compose the file's bytes, and it decodes
-        # only the pixels its crop reads (the same output as on the decoded image)
-        ds = skipped.track(FileDataset(files, labels, fuse(torchvision_transform()), decode=False))
+        # only the pixels its crop reads (the same output as on the decoded image); with
+        # reduced_decode, at the scale DecodeRandomCrop(size=224) picks
+        t = fuse(torchvision_transform(), reduced_decode=reduced_decode)
+        ds = skipped.track(FileDataset(files, labels, t, decode=False))
         dl = loader(ds, batch_size, workers, pin_memory=gpu)
         return _Moved(dl, device)
 
@@ -227,6 +231,7 @@ def make_pipelines(
     pipelines[BASELINE] = baseline
     pipelines[FUSED_COMPOSE] = fused_compose
     pipelines[FUSED_BYTES] = fused_bytes
+    pipelines[FUSED_REDUCED] = lambda: fused_bytes(reduced_decode=True)
     pipelines[TORCHFEED] = ours
     if workers > 0:
         pipelines[ZERO_COPY] = zero_copy

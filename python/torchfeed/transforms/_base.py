@@ -21,7 +21,7 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchfeed._output_buffer import OutputBuffer
 from torchfeed._packing import Layout
 from torchfeed._pil import CHANNELS as PIL_CHANNELS
-from torchfeed.decode import _as_encoded, _Source
+from torchfeed.decode import _as_encoded, _reduction, _Source
 from torchfeed.images import RaggedImages
 from torchfeed.ops._image_op import ImageOptions, OpImages, run
 from torchfeed.transforms._inputs import (
@@ -51,10 +51,19 @@ class FusedTransform(v2.Transform):
         generator: torch.Generator | None,
         return_params: bool,
         fallback: Callable[..., Any] | None = None,
+        reduced_decode: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(return_params, bool):
             raise TypeError(f"return_params must be a bool, got {type(return_params).__name__}")
+        if not isinstance(reduced_decode, bool):
+            raise TypeError(f"reduced_decode must be a bool, got {type(reduced_decode).__name__}")
+        if reduced_decode and not plan.random_crop:
+            raise ValueError(
+                f"{type(self).__name__}: reduced_decode decodes a random crop at reduced scale, "
+                f"and these steps have none ({plan.describe()}); for Resize -> CenterCrop, "
+                "decode with torchfeed.decode.DecodeCenterCrop"
+            )
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         self.plan = plan
@@ -62,6 +71,7 @@ class FusedTransform(v2.Transform):
         self.generator = generator
         self.return_params = return_params
         self._fallback = fallback
+        self.reduced_decode = reduced_decode
         self._hwc = options.image_layout == "HWC"
         self._buffer = OutputBuffer()
 
@@ -200,24 +210,47 @@ class FusedTransform(v2.Transform):
     def _one_encoded(self, data: Any) -> tuple[Tensor, dict[str, Tensor]]:
         """An encoded image (a JPEG: see torchfeed.decode): its size from the header, the draw,
         then only the window the crop's taps read is decoded (bit for bit those pixels of the
-        whole decode), so the output is the one of the decoded image, with less decoding."""
+        whole decode), so the output is the one of the decoded image, with less decoding; with
+        ``reduced_decode``, the crop at reduced scale (see :meth:`_reduced_window`)."""
         source = _Source(_as_encoded(data, "the encoded image"))
         h, w = source.size
         sizes = torch.tensor([[h, w]], dtype=torch.int64)
         out_size = self.plan.batch_size_of(sizes)
         params = self.plan.draw(sizes, self.generator)
-        try:
-            grid = self._grid(sizes, params, out_size)
-        except _Unfusable as e:
-            e.image = source.window((0, 0, h, w))
-            raise
-        (y0, x0, y1, x1), grid = _taps_window(grid)
-        window = source.window((y0, x0, y1 - y0, x1 - x0))
+        flips = self.plan.flip_of(params, 1)
+        scaled = None
+        if self.reduced_decode and source.scalable:
+            scaled = self._reduced_window(source, params, flips, out_size)
+        if scaled is not None:
+            window, grid = scaled
+        else:
+            try:
+                grid = self._grid(sizes, params, out_size)
+            except _Unfusable as e:
+                e.image = source.window((0, 0, h, w))
+                raise
+            (y0, x0, y1, x1), grid = _taps_window(grid)
+            window = source.window((y0, x0, y1 - y0, x1 - x0))
         plain = window.permute(1, 2, 0) if self._hwc else window
-        out = run(
-            OpImages([plain], self._hwc), grid, self.plan.flip_of(params, 1), out_size, self.options
-        )[0]
+        out = run(OpImages([plain], self._hwc), grid, flips, out_size, self.options)[0]
         return out, params
+
+    def _reduced_window(
+        self, source: _Source, params: dict[str, Tensor], flips: Tensor, out_size: tuple[int, int]
+    ) -> tuple[Tensor, Tensor] | None:
+        """The crop's box decoded at the largest of 1/2, 1/4, 1/8 at which it still has
+        ``out_size`` pixels each way (DecodeRandomCrop(size=...)'s window), and the grid that
+        resizes all of it to ``out_size``; None when the crop is too small to reduce (the exact
+        path then decodes it at full scale)."""
+        top, left, h, w = params["boxes"][0].tolist()
+        if _reduction(h, w, out_size) == 1:
+            return None
+        if self.plan.flip_first and bool(flips[0]):  # the box was drawn on the mirrored image
+            left = source.size[1] - left - w
+        window = source.window((top, left, h, w), out_size)
+        size = torch.tensor([window.shape[1:]], dtype=torch.int64)
+        whole = torch.cat([torch.zeros_like(size), size], dim=1)
+        return window, torch.ops.torchfeed.resized_crop_grid(size, whole, *out_size)
 
     def _grid(self, sizes: Tensor, params: dict[str, Tensor], out_size: tuple[int, int]) -> Tensor:
         try:

@@ -4,7 +4,7 @@ second half of the training one for crops decoded in the workers."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import torch
 from torchvision.transforms.v2 import InterpolationMode
@@ -35,14 +35,13 @@ class Options(TypedDict):
     image_layout: NotRequired[Layout]
     generator: NotRequired[torch.Generator | None]
     return_params: NotRequired[bool]
+    reduced_decode: NotRequired[bool]
 
 
 _OPTIONS = tuple(Options.__annotations__)
 
 
-def _build(
-    transform: str, plan: Plan, options: Options
-) -> tuple[Plan, ImageOptions, torch.Generator | None, bool]:
+def _build(transform: str, plan: Plan, options: Options) -> dict[str, Any]:
     unknown = [name for name in options if name not in _OPTIONS]
     if unknown:
         raise TypeError(
@@ -58,9 +57,13 @@ def _build(
             "mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))"
         )
     kwargs: dict = dict(options)
-    generator = kwargs.pop("generator", None)
-    return_params = kwargs.pop("return_params", False)
-    return plan, ImageOptions(**kwargs), generator, return_params
+    return {
+        "plan": plan,
+        "generator": kwargs.pop("generator", None),
+        "return_params": kwargs.pop("return_params", False),
+        "reduced_decode": kwargs.pop("reduced_decode", False),
+        "options": ImageOptions(**kwargs),
+    }
 
 
 class RandomResizedCropFlipNormalize(FusedTransform):
@@ -78,8 +81,17 @@ class RandomResizedCropFlipNormalize(FusedTransform):
     Keyword options: ``mean`` and ``std`` (required), ``interpolation`` ("bilinear" or
     "nearest"), ``antialias`` (True), output ``dtype`` (float32, float16, bfloat16),
     ``channels_last``, ``image_layout`` ("CHW" or "HWC"), ``generator`` (the host generator it
-    draws from; torch's global one by default) and ``return_params`` (also return ``{"boxes":
-    [B, 4] (top, left, height, width), "flips": [B]}``).
+    draws from; torch's global one by default), ``return_params`` (also return ``{"boxes":
+    [B, 4] (top, left, height, width), "flips": [B]}``) and ``reduced_decode``.
+
+    One image may also come encoded (a JPEG's bytes, as ``ImageFolder(root,
+    loader=torchfeed.decode.read_file)`` hands it over: ``bytes`` or a 1-D uint8 tensor or
+    array): only the pixels the crop reads are decoded, and the output is the one of the
+    decoded image. With ``reduced_decode=True`` (off by default), such a crop is decoded at the
+    largest of libjpeg-turbo's scales (1/2, 1/4, 1/8) at which it still has ``size`` pixels
+    each way, and that window resized: several times less decoding on photos, and not
+    bit-identical to the full-scale result (README, "Decoding at reduced scale": as
+    ``DecodeRandomCrop(size=...)`` followed by ResizeRandomFlipNormalize).
     """
 
     def __init__(
@@ -95,7 +107,7 @@ class RandomResizedCropFlipNormalize(FusedTransform):
         self.ratio = check_range("ratio", ratio, positive=True)
         self.p_flip = check_p_flip(p_flip)
         steps = (RandomCrop(self.size, self.scale, self.ratio), Flip(self.p_flip))
-        super().__init__(*_build(type(self).__name__, Plan(steps), options))
+        super().__init__(**_build(type(self).__name__, Plan(steps), options))
 
 
 class ResizeRandomFlipNormalize(FusedTransform):
@@ -115,7 +127,7 @@ class ResizeRandomFlipNormalize(FusedTransform):
         self.size = size_pair(size)
         self.p_flip = check_p_flip(p_flip)
         super().__init__(
-            *_build(type(self).__name__, Plan((Resize(self.size), Flip(self.p_flip))), options)
+            **_build(type(self).__name__, Plan((Resize(self.size), Flip(self.p_flip))), options)
         )
 
 
@@ -133,5 +145,5 @@ class ResizeCenterCropNormalize(FusedTransform):
         self.crop = size_pair(crop, "crop")
         size = self.resize if isinstance(self.resize, int) else (self.resize[0], self.resize[1])
         super().__init__(
-            *_build(type(self).__name__, Plan((Resize(size), CenterCrop(self.crop))), options)
+            **_build(type(self).__name__, Plan((Resize(size), CenterCrop(self.crop))), options)
         )

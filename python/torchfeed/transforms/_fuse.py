@@ -59,8 +59,11 @@ class FusedSteps(FusedTransform):
         generator: torch.Generator | None,
         original: Callable[..., Any],
         to_image: bool,
+        reduced_decode: bool = False,
     ) -> None:
-        super().__init__(plan, options, generator, False, fallback=original)
+        super().__init__(
+            plan, options, generator, False, fallback=original, reduced_decode=reduced_decode
+        )
         self.steps = list(steps)
         self._to_image = to_image
 
@@ -75,7 +78,9 @@ class FusedSteps(FusedTransform):
         return f"Fused({', '.join(repr(step) for step in self.steps)})"
 
 
-def fuse(pipeline: Any, *, generator: torch.Generator | None = None) -> Any:
+def fuse(
+    pipeline: Any, *, generator: torch.Generator | None = None, reduced_decode: bool = False
+) -> Any:
     """``pipeline`` (a ``v2.Compose``, a v1 ``transforms.Compose`` or a list of steps) with each
     maximal run of steps the fused op does exactly replaced by one :class:`FusedSteps`, the other
     steps left as they are, in order. Returns a pipeline of the same family (a v1 ``Compose`` for
@@ -87,8 +92,15 @@ def fuse(pipeline: Any, *, generator: torch.Generator | None = None) -> Any:
     v1 pipeline on PIL images, a little more). Random parameters are drawn as torchvision draws
     them, from ``generator`` (torch's global generator by default). A batch tensor gets
     parameters per image (torchvision v2 draws one set for a whole batch).
+
+    A fused step that comes first also takes an encoded image (a JPEG's bytes:
+    ``ImageFolder(root, loader=torchfeed.decode.read_file)``) and decodes only the pixels its
+    crop reads, with the same result; ``reduced_decode=True`` decodes a random crop at reduced
+    scale (see :class:`RandomResizedCropFlipNormalize`; not bit-identical).
     """
     check_generator(generator)
+    if not isinstance(reduced_decode, bool):
+        raise TypeError(f"reduced_decode must be a bool, got {type(reduced_decode).__name__}")
     if isinstance(pipeline, v1.Compose):
         steps, compose = _flatten(pipeline.transforms, v1.Compose), v1.Compose
     elif isinstance(pipeline, v2.Compose):
@@ -104,7 +116,7 @@ def fuse(pipeline: Any, *, generator: torch.Generator | None = None) -> Any:
     i = 0
     while i < len(steps):
         for j in range(len(steps), i, -1):  # the longest run from step i
-            fused = _compile(steps[i:j], compose, generator)
+            fused = _compile(steps[i:j], compose, generator, reduced_decode)
             if fused is not None:
                 out.append(fused)
                 i = j
@@ -112,6 +124,11 @@ def fuse(pipeline: Any, *, generator: torch.Generator | None = None) -> Any:
         else:
             out.append(steps[i])
             i += 1
+    if reduced_decode and not any(isinstance(s, FusedSteps) and s.reduced_decode for s in out):
+        raise ValueError(
+            "fuse: reduced_decode decodes a fused random crop at reduced scale, and this "
+            "pipeline has no RandomResizedCrop that fuses"
+        )
     return compose(out)
 
 
@@ -123,7 +140,9 @@ def _flatten(steps: list[Any], compose: type) -> list[Any]:
     return flat
 
 
-def _compile(steps: list[Any], compose: type, generator: torch.Generator | None) -> Any:
+def _compile(
+    steps: list[Any], compose: type, generator: torch.Generator | None, reduced_decode: bool
+) -> Any:
     """The fused step for ``steps``, or None when the op cannot do them all in one pass."""
     spatial: list[Step] = []
     resampling: Any = None
@@ -161,7 +180,9 @@ def _compile(steps: list[Any], compose: type, generator: torch.Generator | None)
     antialias = resampling.antialias if resampling is not None else True
     mean, std = mean_std if mean_std is not None else ([0.0], [1.0])
     options = ImageOptions(mean, std, mode, antialias, dtype)
-    return FusedSteps(steps, Plan(tuple(spatial)), options, generator, compose(steps), to_image)
+    plan = Plan(tuple(spatial))
+    reduced = reduced_decode and plan.random_crop  # only a random crop's decode is reduced
+    return FusedSteps(steps, plan, options, generator, compose(steps), to_image, reduced)
 
 
 def _is_decode(s: Any) -> bool:

@@ -112,6 +112,11 @@ class Plan:
         return next((s for s in self.steps if isinstance(s, Flip)), None)
 
     @property
+    def random_crop(self) -> bool:
+        """Whether a random crop is drawn (its box is in the drawn ``boxes``)."""
+        return any(isinstance(s, RandomCrop) for s in self.steps)
+
+    @property
     def flip_first(self) -> bool:
         """Whether the flip comes before the crop (then the op crops the mirrored box)."""
         return len(self.steps) > 1 and isinstance(self.steps[0], Flip)
