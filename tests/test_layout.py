@@ -35,7 +35,15 @@ PUBLIC = {
         "seed_sample",
         "seed_worker",
     },
-    "torchfeed.decode": {"DecodeCenterCrop", "DecodeRandomCrop", "decode_window", "image_size"},
+    "torchfeed.decode": {
+        "DecodeCenterCrop",
+        "DecodeRandomCrop",
+        "decode_image",
+        "decode_window",
+        "image_size",
+        "read_file",
+        "read_image",
+    },
     "torchfeed.images": {"RaggedImages"},
     "torchfeed.limits": {
         "DEFAULT_MAX_IMAGE_PIXELS",
