@@ -240,7 +240,35 @@ def test_reduced_decode_errors():
         ResizeCenterCropNormalize(64, 56, mean=MEAN, std=STD, reduced_decode=True)
     evaluation = v2.Compose([v2.Resize(64), v2.CenterCrop(56),
                              v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])  # fmt: skip
-    with pytest.raises(ValueError, match="fuse: reduced_decode .* no RandomResizedCrop"):
+    with pytest.raises(ValueError, match="fuse: reduced_decode .* first step is Fused\\(Resize"):
         torchfeed.fuse(evaluation, reduced_decode=True)
+    jitter_first = v2.Compose([v2.ColorJitter(0.4), v2.RandomResizedCrop(32),
+                               v2.ToDtype(torch.float32, scale=True)])  # fmt: skip
+    with pytest.raises(ValueError, match="first step is ColorJitter"):
+        torchfeed.fuse(jitter_first, reduced_decode=True)  # the crop fuses, but sees no bytes
     with pytest.raises(TypeError, match="reduced_decode must be a bool, got int"):
         torchfeed.fuse(evaluation, reduced_decode=1)
+
+
+def test_a_pipeline_whose_first_step_stays_torchvisions_decodes_the_bytes_whole():
+    """README's drop-in pipeline: ColorJitter between the crop and ToDtype keeps the crop
+    torchvision's, so fuse puts DecodeBytes first; the bytes give what read_image's tensor
+    gives, and every other input passes through it."""
+    compose = v2.Compose([v2.RandomResizedCrop(32), v2.RandomHorizontalFlip(),
+                          v2.ColorJitter(0.4), v2.ToDtype(torch.float32, scale=True),
+                          v2.Normalize(MEAN, STD)])  # fmt: skip
+    fused = torchfeed.fuse(compose)
+    assert repr(fused.transforms[0]) == "DecodeBytes()"
+    data = JPEGS["4:2:0"]()
+    for seed in range(4):
+        torch.manual_seed(seed)
+        got = fused(data)
+        torch.manual_seed(seed)
+        assert torch.equal(got, fused(full_decode(data))), seed
+    image = full_decode(data)
+    assert fused.transforms[0](image) is image
+    assert fused.transforms[0](image, 3) == (image, 3)
+    # a pipeline whose first step fuses takes the bytes itself: no DecodeBytes
+    crop_first = torchfeed.fuse([*compose.transforms[:2], v2.ToDtype(torch.float32, scale=True)])
+    assert [repr(t) for t in crop_first.transforms] == [repr(crop_first.transforms[0])]
+    assert type(crop_first.transforms[0]).__name__ == "FusedSteps"

@@ -12,6 +12,10 @@ exactly (``Resize(max_size=...)``, an interpolation other than bilinear and near
 antialias that is not a bool, ``ToDtype`` to another dtype or without scaling, a per-type
 dtype dict) ends the run and stays torchvision's, as does everything else (``ColorJitter``,
 ``RandAugment``, ``RandomErasing``, your own).
+
+A file's bytes (``ImageFolder(root, loader=torchfeed.decode.read_file)``) go to the first step:
+a fused one decodes only what its crop reads; before a first step that stays torchvision's, fuse
+puts ``DecodeBytes()``, which decodes them whole and passes every other input through.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import InterpolationMode
 
 from torchfeed._options import check_generator
+from torchfeed.decode import decode_image
 from torchfeed.ops._image_op import ImageOptions
 from torchfeed.transforms._base import FusedTransform
+from torchfeed.transforms._inputs import is_encoded
 from torchfeed.transforms._plan import (
     CenterCrop,
     Flip,
@@ -78,6 +84,21 @@ class FusedSteps(FusedTransform):
         return f"Fused({', '.join(repr(step) for step in self.steps)})"
 
 
+class DecodeBytes:
+    """The first step of a fused pipeline whose first step stays torchvision's: a file's bytes
+    (``loader=torchfeed.decode.read_file``) are decoded whole (:func:`torchfeed.decode.
+    decode_image`), for torchvision's steps do not take them; every other input passes
+    through unchanged."""
+
+    def __call__(self, *inputs: Any) -> Any:
+        if len(inputs) == 1 and is_encoded(inputs[0]):
+            return decode_image(inputs[0])
+        return inputs if len(inputs) > 1 else inputs[0]
+
+    def __repr__(self) -> str:
+        return "DecodeBytes()"
+
+
 def fuse(
     pipeline: Any, *, generator: torch.Generator | None = None, reduced_decode: bool = False
 ) -> Any:
@@ -95,8 +116,10 @@ def fuse(
 
     A fused step that comes first also takes an encoded image (a JPEG's bytes:
     ``ImageFolder(root, loader=torchfeed.decode.read_file)``) and decodes only the pixels its
-    crop reads, with the same result; ``reduced_decode=True`` decodes a random crop at reduced
-    scale (see :class:`RandomResizedCropFlipNormalize`; not bit-identical).
+    crop reads, with the same result; before a first step that stays torchvision's, the result
+    starts with :class:`DecodeBytes`, which decodes them whole. ``reduced_decode=True`` decodes
+    the first step's random crop at reduced scale (see :class:`RandomResizedCropFlipNormalize`;
+    not bit-identical); without a fused random crop first, it is refused.
     """
     check_generator(generator)
     if not isinstance(reduced_decode, bool):
@@ -124,11 +147,15 @@ def fuse(
         else:
             out.append(steps[i])
             i += 1
-    if reduced_decode and not any(isinstance(s, FusedSteps) and s.reduced_decode for s in out):
+    first = out[0] if out else None
+    if reduced_decode and not (isinstance(first, FusedSteps) and first.reduced_decode):
         raise ValueError(
-            "fuse: reduced_decode decodes a fused random crop at reduced scale, and this "
-            "pipeline has no RandomResizedCrop that fuses"
+            "fuse: reduced_decode decodes a file's bytes at reduced scale, which only a first "
+            "step that fuses a RandomResizedCrop sees; this pipeline's first step is "
+            f"{first!r} (a step between the crop and ToDtype keeps the crop from fusing)"
         )
+    if not isinstance(first, FusedSteps):
+        out.insert(0, DecodeBytes())
     return compose(out)
 
 
