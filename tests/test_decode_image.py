@@ -96,5 +96,7 @@ def test_read_image_errors_name_the_file(tmp_path):
         read_image(empty)
     cut = tmp_path / "cut.jpg"
     cut.write_bytes(JPEGS["4:2:0"]()[:1500])
-    with pytest.raises(RuntimeError, match=r"cannot decode '.*cut\.jpg': .*Premature end"):
+    with pytest.raises(
+        RuntimeError, match=r"cannot decode '.*cut\.jpg': .*(Premature end|truncated)"
+    ):
         read_image(cut)
