@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_generator", "check_p_flip", "check_range"]
+__all__ = ["check_bool", "check_generator", "check_p_flip", "check_range"]
 
 
 def check_range(name: str, value: Sequence[float], positive: bool) -> tuple[float, float]:
@@ -24,6 +24,13 @@ def check_range(name: str, value: Sequence[float], positive: bool) -> tuple[floa
     if lo > hi:
         raise ValueError(f"{name} must be (min, max) with min <= max, got {tuple(value)}")
     return lo, hi
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value``, which must be a bool (a flag option: 1 or "yes" are refused, not read)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
 
 
 def check_p_flip(p: float) -> float:

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchfeed._options import check_generator, check_range
+from torchfeed._options import check_bool, check_generator, check_range
 from torchfeed._pil import read_bytes
 from torchfeed.limits import check_image_pixels
 from torchfeed.ops._image_op import resize_arg, resized_size, size_pair
@@ -284,8 +284,7 @@ class DecodeRandomCrop:
         self.scale = check_range("scale", scale, positive=False)
         self.ratio = check_range("ratio", ratio, positive=True)
         self.generator = check_generator(generator)
-        if not isinstance(return_box, bool):
-            raise TypeError(f"return_box must be a bool, got {type(return_box).__name__}")
+        check_bool("return_box", return_box)
         self.return_box = return_box
         self.size = None if size is None else size_pair(size)
 
@@ -316,8 +315,7 @@ class DecodeCenterCrop:
     ) -> None:
         self.resize = resize_arg(resize)
         self.crop = size_pair(crop, "crop")
-        if not isinstance(reduced, bool):
-            raise TypeError(f"reduced must be a bool, got {type(reduced).__name__}")
+        check_bool("reduced", reduced)
         self.reduced = reduced
 
     def box(self, height: int, width: int) -> Box:

@@ -10,6 +10,7 @@ from typing import Any
 from torch import Tensor
 from torch.utils.data import get_worker_info
 
+from torchfeed._options import check_bool
 from torchfeed.collate._fields import (
     LABEL_FIELDS,
     LABEL_PAD,
@@ -99,8 +100,7 @@ class PadCollate:
         self._given_lengths = self._check_names("lengths", lengths)
         self.masks = self._names(self.ragged, self._given_masks, "_mask")
         self.lengths = self._names(self.ragged, self._given_lengths, "_lengths")
-        if not isinstance(packed, bool):
-            raise TypeError(f"packed must be a bool, got {type(packed).__name__}")
+        check_bool("packed", packed)
         if packed:
             given = [
                 name
@@ -150,8 +150,7 @@ class PadCollate:
           token; ``cu_seq_lens_q/k`` and ``max_length_q/k`` with ``flash_attn_kwargs``)
           (:class:`FlatteningCollate`).
         """
-        if not isinstance(packed, bool):
-            raise TypeError(f"packed must be a bool, got {type(packed).__name__}")
+        check_bool("packed", packed)
         if packed:
             if pad_to_multiple_of is not None:
                 raise ValueError("pad_to_multiple_of has no effect with packed=True (no padding)")

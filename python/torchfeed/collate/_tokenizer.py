@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from torchfeed._options import check_bool
 from torchfeed.collate._fields import LABEL_PAD, as_sequences, collate_field, is_sequence
 from torchfeed.memory import SharedRing
 from torchfeed.ops._pad import PadOptions, Side, pad_with, parse_side
@@ -152,10 +153,7 @@ class FlatteningCollate:
         self.main = tokenizer_facts(tokenizer)[3]
         if isinstance(separator_id, bool) or not isinstance(separator_id, int):
             raise TypeError(f"separator_id must be an int, got {type(separator_id).__name__}")
-        if not isinstance(flash_attn_kwargs, bool):
-            raise TypeError(
-                f"flash_attn_kwargs must be a bool, got {type(flash_attn_kwargs).__name__}"
-            )
+        check_bool("flash_attn_kwargs", flash_attn_kwargs)
         self.separator_id = separator_id
         self.flash_attn_kwargs = flash_attn_kwargs
 

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 from torchvision.transforms.v2 import InterpolationMode
 
+from torchfeed._options import check_bool
 from torchfeed._output_buffer import OutputBuffer
 from torchfeed._packing import Layout, check_layout
 from torchfeed.images import RaggedImages
@@ -233,16 +234,12 @@ class ImageOptions:
                 f"interpolation must be 'bilinear' or 'nearest' (or the InterpolationMode), got "
                 f"{self.interpolation!r}"
             ) from None
-        if not isinstance(self.antialias, bool):
-            raise TypeError(f"antialias must be a bool, got {type(self.antialias).__name__}")
+        check_bool("antialias", self.antialias)
         if self.dtype not in _OUT_DTYPES:
             raise TypeError(
                 f"dtype must be torch.float32, torch.float16 or torch.bfloat16, got {self.dtype}"
             )
-        if not isinstance(self.channels_last, bool):
-            raise TypeError(
-                f"channels_last must be a bool, got {type(self.channels_last).__name__}"
-            )
+        check_bool("channels_last", self.channels_last)
         check_layout(self.image_layout)
 
     @property

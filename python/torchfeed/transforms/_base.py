@@ -18,6 +18,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import InterpolationMode
 
+from torchfeed._options import check_bool, check_generator
 from torchfeed._output_buffer import OutputBuffer
 from torchfeed._packing import Layout
 from torchfeed._pil import CHANNELS as PIL_CHANNELS
@@ -54,18 +55,15 @@ class FusedTransform(v2.Transform):
         reduced_decode: bool = False,
     ) -> None:
         super().__init__()
-        if not isinstance(return_params, bool):
-            raise TypeError(f"return_params must be a bool, got {type(return_params).__name__}")
-        if not isinstance(reduced_decode, bool):
-            raise TypeError(f"reduced_decode must be a bool, got {type(reduced_decode).__name__}")
+        check_bool("return_params", return_params)
+        check_bool("reduced_decode", reduced_decode)
         if reduced_decode and not plan.random_crop:
             raise ValueError(
                 f"{type(self).__name__}: reduced_decode decodes a random crop at reduced scale, "
                 f"and these steps have none ({plan.describe()}); for Resize -> CenterCrop, "
                 "decode with torchfeed.decode.DecodeCenterCrop"
             )
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        check_generator(generator)
         self.plan = plan
         self.options = options
         self.generator = generator

@@ -29,7 +29,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import InterpolationMode
 
-from torchfeed._options import check_generator
+from torchfeed._options import check_bool, check_generator
 from torchfeed.decode import decode_image
 from torchfeed.ops._image_op import ImageOptions
 from torchfeed.transforms._base import FusedTransform
@@ -122,8 +122,7 @@ def fuse(
     not bit-identical); without a fused random crop first, it is refused.
     """
     check_generator(generator)
-    if not isinstance(reduced_decode, bool):
-        raise TypeError(f"reduced_decode must be a bool, got {type(reduced_decode).__name__}")
+    check_bool("reduced_decode", reduced_decode)
     if isinstance(pipeline, v1.Compose):
         steps, compose = _flatten(pipeline.transforms, v1.Compose), v1.Compose
     elif isinstance(pipeline, v2.Compose):
