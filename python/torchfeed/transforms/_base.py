@@ -183,19 +183,20 @@ class FusedTransform(v2.Transform):
         batch = OpImages([plain], self._hwc)
         # one 3-D image: its size from its shape (the kernel op checks the image itself)
         h, w = plain.shape[:2] if self._hwc else plain.shape[1:]
-        sizes = torch.tensor([[h, w]], dtype=torch.int64)
-        out_size = self.plan.batch_size_of(sizes)
-        params = self.plan.draw(sizes, self.generator)
+        sizes, out_size, params = self._draw_one(h, w)
         out = self._run_one(batch, sizes, params, out_size)
         return (tv_tensors.Image(out) if isinstance(image, tv_tensors.Image) else out), params
+
+    def _draw_one(self, h: int, w: int) -> tuple[Tensor, tuple[int, int], dict[str, Tensor]]:
+        """One ``h`` x ``w`` image's size table, output size and drawn parameters."""
+        sizes = torch.tensor([[h, w]], dtype=torch.int64)
+        return sizes, self.plan.batch_size_of(sizes), self.plan.draw(sizes, self.generator)
 
     def _one_pil(self, image: PIL.Image.Image) -> tuple[Tensor, dict[str, Tensor]]:
         """A PIL image: only the pixels the crop's taps read are copied out of Pillow (its
         ``tobytes`` is the costly step for a large photo), then the op on them."""
         w, h = image.size
-        sizes = torch.tensor([[h, w]], dtype=torch.int64)
-        out_size = self.plan.batch_size_of(sizes)
-        params = self.plan.draw(sizes, self.generator)
+        sizes, out_size, params = self._draw_one(h, w)
         grid = self._grid(sizes, params, out_size)
         (y0, x0, y1, x1), grid = _taps_window(grid)
         if (x0, y0, x1, y1) != (0, 0, w, h):
@@ -212,9 +213,7 @@ class FusedTransform(v2.Transform):
         ``reduced_decode``, the crop at reduced scale (see :meth:`_reduced_window`)."""
         source = _Source(_as_encoded(data, "the encoded image"))
         h, w = source.size
-        sizes = torch.tensor([[h, w]], dtype=torch.int64)
-        out_size = self.plan.batch_size_of(sizes)
-        params = self.plan.draw(sizes, self.generator)
+        sizes, out_size, params = self._draw_one(h, w)
         flips = self.plan.flip_of(params, 1)
         scaled = None
         if self.reduced_decode and source.scalable:
