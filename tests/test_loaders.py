@@ -394,3 +394,44 @@ def test_a_checkpoint_of_a_dataset_whose_length_changed_is_refused():
     ds = ShardedIterableDataset(list(range(41)), mode="sample", seed=11)
     with pytest.raises(ValueError, match="not a checkpoint of a ShardedIterableDataset of 41"):
         torchfeed.loader(ds, batch_size=3, collate_fn=collate).load_state_dict(state)
+
+
+@pytest.fixture
+def forking_rank(monkeypatch):
+    """A process where torch.distributed is initialized, on a Python with gh-112275."""
+    from torchfeed import _resumable
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(_resumable, "_FORK_DEADLOCK", True)
+    monkeypatch.setattr(_resumable, "_fork_warned", False)
+    return _resumable
+
+
+def test_forking_workers_in_a_distributed_process_warns_once_with_the_remedy(forking_rank):
+    loader = torchfeed.loader(list(range(8)), batch_size=4, num_workers=2)
+    # the workers are not started: torch's iterator would ask the (pretended) process group
+    loader._make_iterator = lambda: iter(())
+    with pytest.warns(RuntimeWarning, match=r"gh-112275.*multiprocessing_context='spawn'") as w:
+        list(loader)
+    assert w[0].filename == __file__  # points at the user's loop
+    list(loader)  # once per process (a second warning would be an error here)
+
+
+@pytest.mark.parametrize(
+    "case", ["no workers", "spawn", "not distributed", "Python 3.12+", "start method set"]
+)
+def test_no_fork_warning_where_nothing_forks_or_nothing_can_hang(forking_rank, monkeypatch, case):
+    kw = {"num_workers": 0 if case == "no workers" else 2}
+    if case == "spawn":
+        kw["multiprocessing_context"] = "spawn"
+    if case == "not distributed":
+        monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    if case == "Python 3.12+":
+        monkeypatch.setattr(forking_rank, "_FORK_DEADLOCK", False)
+    if case == "start method set":
+        monkeypatch.setattr(
+            forking_rank.multiprocessing, "get_start_method", lambda allow_none: "forkserver"
+        )
+    loader = torchfeed.loader(list(range(8)), batch_size=4, **kw)
+    forking_rank._warn_fork_in_distributed(loader)  # (warnings are errors in tests/)
+    assert not forking_rank._fork_warned

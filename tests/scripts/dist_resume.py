@@ -46,17 +46,32 @@ def collate(batch):
     return batch
 
 
+# Workers are spawned, not forked from this rank: on CPython before 3.12, a worker forked right
+# after a collective deadlocks now and then at its start (gh-112275: the hang CI saw twice, as
+# gloo's timeout in the all_gather after the next epoch); torchfeed.loader warns about it. Not
+# 'forkserver': workers forked by the server keep it alive, and it keeps them, so a rank killed
+# with SIGKILL leaves both behind for good (seen here); a spawned worker sees its rank go.
+CONTEXT = "spawn"
+
+
 def build(kind: str, epoch: int):
     if kind == "iterable":
         ds = ShardedIterableDataset(
             list(range(ITEMS)), make_sample, mode="sample", seed=1, seed_samples=True
         )
         ds.set_epoch(epoch)
-        return torchfeed.loader(ds, batch_size=4, num_workers=2, collate_fn=collate)
+        return torchfeed.loader(
+            ds, batch_size=4, num_workers=2, collate_fn=collate, multiprocessing_context=CONTEXT
+        )
     sampler = DistributedSampler(ITEMS, seed=1)
     sampler.set_epoch(epoch)
     return torchfeed.loader(
-        MapStyle(), batch_size=4, sampler=sampler, num_workers=2, collate_fn=collate
+        MapStyle(),
+        batch_size=4,
+        sampler=sampler,
+        num_workers=2,
+        collate_fn=collate,
+        multiprocessing_context=CONTEXT,
     )
 
 
