@@ -24,7 +24,14 @@ def main(out_path: str, uneven: str) -> None:
     torch.manual_seed(1234)  # the same on every rank, as DDP scripts do
     ds = ShardedIterableDataset(range(103), sample, mode="sample", uneven=uneven, seed=7)
     loader = DataLoader(
-        ds, batch_size=4, num_workers=2, worker_init_fn=WorkerSeeder(), persistent_workers=True
+        ds,
+        batch_size=4,
+        num_workers=2,
+        worker_init_fn=WorkerSeeder(),
+        persistent_workers=True,
+        # spawned, not forked from this rank: CPython < 3.12 can deadlock a worker forked from
+        # a process with other threads (gh-112275; see tests/scripts/dist_resume.py)
+        multiprocessing_context="spawn",
     )
     epochs = []
     for epoch in range(2):
