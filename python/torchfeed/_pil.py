@@ -53,6 +53,12 @@ def decode_rgb(data: Tensor, reduce: int = 1) -> Tensor:
     fraction of its size by libjpeg-turbo's scaled IDCT (Pillow's ``draft``)."""
     try:
         return _decode_rgb(data, reduce)
+    except PIL.UnidentifiedImageError as e:  # (its words name a BytesIO object: say what it saw)
+        head = bytes(data[:8].tolist())
+        raise RuntimeError(
+            f"cannot decode the image: its first bytes {head!r} match no image format Pillow "
+            f"reads ({data.numel()} bytes in all)"
+        ) from e
     except (OSError, SyntaxError, ValueError) as e:  # Pillow's words for a file it cannot read
         raise RuntimeError(f"cannot decode the image: {e}") from e
 
