@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from torchfeed.data._distributed import rank_and_world_size
+from torchfeed.data._distributed import distributed_initialized, rank_and_world_size
 from torchfeed.data._sampler import DistributedSampler
 from torchfeed.data._seeding import SeedPerSample
 from torchfeed.data._sharding import ShardedIterableDataset
@@ -39,7 +39,7 @@ def _warn_fork_in_distributed(loader: DataLoader) -> None:
     global _fork_warned
     if _fork_warned or not _FORK_DEADLOCK or loader.num_workers == 0:
         return
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not distributed_initialized():
         return
     context = loader.multiprocessing_context
     method = (

@@ -7,13 +7,18 @@ import os
 import torch
 from torch.utils.data import get_worker_info
 
-__all__ = ["rank_and_world_size", "worker_and_count"]
+__all__ = ["distributed_initialized", "rank_and_world_size", "worker_and_count"]
+
+
+def distributed_initialized() -> bool:
+    """Whether this process is a rank of an initialized torch.distributed process group."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def rank_and_world_size() -> tuple[int, int]:
     """The torch.distributed rank and world size when it is initialized; else the RANK and
     WORLD_SIZE that torchrun sets (a spawned DataLoader worker has no process group); else 0, 1."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if distributed_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     values = {}
     for name, default in (("RANK", "0"), ("WORLD_SIZE", "1")):
