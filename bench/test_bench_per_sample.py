@@ -125,6 +125,12 @@ def test_per_sample_tensor(benchmark, role, images, name):
 # the file's bytes (``loader=torchfeed.decode.read_file``: only the crop's pixels are decoded;
 # the same output as on the PIL image, tests/transforms/test_encoded_input.py), and with
 # ``reduced_decode=True`` (the crop decoded at reduced scale: not bit-identical, see README).
+def encoded(image: PIL.Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
 def pil_loader(data: bytes) -> PIL.Image.Image:
     with PIL.Image.open(io.BytesIO(data)) as image:
         return image.convert("RGB")
@@ -141,18 +147,12 @@ FROM_FILE = {
 }
 
 
-@pytest.mark.parametrize("name", list(FROM_FILE))
-def test_per_sample_from_the_file(benchmark, role, images, name):
+def from_the_file(benchmark, role, images, name: str, load, transform, group: str) -> None:
+    """Times ``transform(load(data))`` over the images as JPEG files' bytes."""
     kind, pils, _ = images
-    files = []
-    for p in pils:
-        buf = io.BytesIO()
-        p.save(buf, "JPEG", quality=90)
-        files.append(buf.getvalue())
-    load, pipeline = FROM_FILE[name]
-    benchmark.group = f"per sample from the file (loader + transform), JPEG {kind}"
+    files = [encoded(p) for p in pils]
+    benchmark.group = f"{group} (loader + transform), JPEG {kind}"
     role("baseline" if name.startswith("torchvision") else "torchfeed")
-    transform = PIPELINES[pipeline]()
     torch.manual_seed(0)
 
     def each():
@@ -161,3 +161,36 @@ def test_per_sample_from_the_file(benchmark, role, images, name):
 
     benchmark.pedantic(each, rounds=5 if len(files) < COUNT else 10, warmup_rounds=1)
     benchmark.extra_info["images"] = len(files)
+
+
+@pytest.mark.parametrize("name", list(FROM_FILE))
+def test_per_sample_from_the_file(benchmark, role, images, name):
+    load, pipeline = FROM_FILE[name]
+    transform = PIPELINES[pipeline]()
+    from_the_file(benchmark, role, images, name, load, transform, "per sample from the file")
+
+
+# The evaluation transform from the file: Pillow's loader + torchvision's Resize(256) ->
+# CenterCrop(224) -> ToDtype -> Normalize (baseline) against the same Compose fused on the file's
+# bytes (only the crop's preimage decoded; the same output as on the decoded image) and with
+# ``reduced_decode=True`` (that preimage at the largest scale keeping 224 px: not bit-identical,
+# the bench's agreement check measures by how much).
+def evaluation() -> v2.Compose:
+    return v2.Compose([v2.ToImage(), v2.Resize(256), v2.CenterCrop(224), *tail()[1:]])
+
+
+EVAL_FROM_FILE = {
+    "torchvision, PIL loader": (pil_loader, evaluation),
+    "torchfeed fused Compose, read_file": (lambda data: data, lambda: torchfeed.fuse(evaluation())),
+    "torchfeed fused Compose, read_file, reduced_decode": (
+        lambda data: data,
+        lambda: torchfeed.fuse(evaluation(), reduced_decode=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(EVAL_FROM_FILE))
+def test_evaluation_from_the_file(benchmark, role, images, name):
+    load, make = EVAL_FROM_FILE[name]
+    group = "evaluation transform from the file"
+    from_the_file(benchmark, role, images, name, load, make(), group)

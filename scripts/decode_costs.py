@@ -12,29 +12,20 @@ scale").
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
+import _folder
 import torch
 
 from torchfeed._doctor import _header  # (height, width, format, progressive) from Pillow
 from torchfeed._pil import read_bytes
-from torchfeed._pipeline_bench.dataset import ensure_large_dataset, list_image_folder
+from torchfeed._pipeline_bench.dataset import list_image_folder
 from torchfeed.decode import DecodeRandomCrop
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", nargs="?", type=Path, help="an image folder (default: --large)")
-    parser.add_argument("--repeats", type=int, default=3, help="passes over the files (best kept)")
-    args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error(f"--repeats must be at least 1, got {args.repeats}")
-    torch.set_num_threads(1)
-    folder = args.folder or ensure_large_dataset(128)
-    if not folder.is_dir():
-        parser.error(f"folder: {folder} is not a directory")
+    parser, folder, repeats = _folder.parse(__doc__)
     try:
         found = list_image_folder(folder)[0]
     except FileNotFoundError:
@@ -47,7 +38,7 @@ def main() -> None:
     kinds = {p: "progressive" if h[3] else "sequential" for p, h in headers.items()}
     files = {p: read_bytes(p) for p in paths}
     best: dict[tuple[Path, str], float] = {}
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         decoders = {  # the same crops in every pass and at both scales
             "reduced": DecodeRandomCrop(size=224, generator=torch.Generator().manual_seed(0)),
             "full": DecodeRandomCrop(generator=torch.Generator().manual_seed(0)),
@@ -58,7 +49,7 @@ def main() -> None:
                 decode(files[p])
                 took = time.perf_counter() - start
                 best[p, scale] = min(best.get((p, scale), took), took)
-    print(f"{folder}: {len(paths)} JPEGs, one thread, best of {args.repeats} passes")
+    print(f"{folder}: {len(paths)} JPEGs, one thread, best of {repeats} passes")
     for kind in ("sequential", "progressive"):
         mine = [p for p in paths if kinds[p] == kind]
         if mine:

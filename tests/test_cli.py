@@ -83,6 +83,7 @@ def test_bench_quick_prints_the_table(quick_run):
         "CPU ms/sample",
         "peak MB",
         "decoding at reduced scale (",
+        "the evaluation transform (Resize(256) -> CenterCrop(224)) with reduced_decode (",
         "pick (images, workers=1): '",
         "pick (text, workers=1): '",
     ):
@@ -118,6 +119,9 @@ def test_bench_json_schema(quick_run):
     agreement = payload["agreement"]
     assert (agreement["scaled_images"] > 0) == (agreement["scaled_mean_abs_diff"] > 0)
     assert agreement["scaled_mean_abs_diff"] < 0.2
+    reduced = agreement["eval_scaled_images"]
+    assert (reduced > 0) == (agreement["eval_scaled_mean_abs_diff"] > 0)
+    assert agreement["eval_scaled_mean_abs_diff"] < 0.2
     assert {"cpu", "torch", "torchfeed"} <= set(payload["machine"])
 
 
@@ -264,6 +268,8 @@ def test_bench_large_uses_the_photo_sized_variant(tmp_path):
     # photo-sized crops: some are large enough to decode at a reduced scale
     assert payload["agreement"]["scaled_images"] >= 1
     assert 0 < payload["agreement"]["scaled_mean_abs_diff"] < 0.2
+    assert payload["agreement"]["eval_scaled_images"] >= 1
+    assert 0 < payload["agreement"]["eval_scaled_mean_abs_diff"] < 0.2
 
 
 def test_bench_large_does_not_go_with_data(tmp_path):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torchvision.transforms.v2 import functional as TF
 
 from torchfeed._pil import encode_jpeg
 from torchfeed._pipeline_bench.dataset import synthetic_image
@@ -41,17 +42,41 @@ def test_decode_costs_reports_each_kind_of_jpeg(tmp_path):
     assert "progressive    1 files" in done.stdout
 
 
+def test_reduced_decode_effect_measures_both_transforms(tmp_path):
+    (tmp_path / "a").mkdir()
+    for i, (h, w) in enumerate([(1200, 900), (700, 1100), (333, 401)]):  # 2 large enough
+        image = TF.resize(synthetic_image(i), [h, w], antialias=True)
+        (tmp_path / "a" / f"{i}.jpg").write_bytes(encode_jpeg(image, quality=90))
+    done = run_script("reduced_decode_effect.py", str(tmp_path), "--repeats", "1")
+    assert done.returncode == 0, done.stderr
+    assert "3 images of" in done.stdout
+    evaluation = re.search(r"evaluation \(Resize\(256\) -> CenterCrop\(224\)\): (\d) reduced, "
+                           r"mean ([0-9.]+), max ([0-9.]+)", done.stdout)  # fmt: skip
+    assert evaluation is not None, done.stdout
+    reduced, mean, most = int(evaluation[1]), float(evaluation[2]), float(evaluation[3])
+    assert reduced == 2 and 0 < mean < 0.1 and mean <= most
+    for name in ("training", "evaluation"):
+        assert f"{name}, ms per image on one thread: Pillow loader + torchvision" in done.stdout
+
+
 @pytest.mark.parametrize(
-    ("args", "match"),
+    ("script", "args", "match"),
     [
-        (["{empty}", "--repeats", "0"], "--repeats must be at least 1, got 0"),
-        (["{missing}"], "folder: .* is not a directory"),
-        (["{empty}"], "folder: no JPEG files under"),
+        (script, args, match)
+        for script, empty in [
+            ("decode_costs.py", "folder: no JPEG files under"),
+            ("reduced_decode_effect.py", "folder: no readable image under"),
+        ]
+        for args, match in [
+            (["{empty}", "--repeats", "0"], "--repeats must be at least 1, got 0"),
+            (["{missing}"], "folder: .* is not a directory"),
+            (["{empty}"], empty),
+        ]
     ],
 )
-def test_decode_costs_refuses_bad_arguments(tmp_path, args, match):
+def test_the_folder_scripts_refuse_bad_arguments(tmp_path, script, args, match):
     (tmp_path / "empty").mkdir()
     args = [a.format(missing=tmp_path / "missing", empty=tmp_path / "empty") for a in args]
-    done = run_script("decode_costs.py", *args)
+    done = run_script(script, *args)
     assert done.returncode == 2
     assert re.search(match, done.stderr), done.stderr

@@ -50,7 +50,13 @@ from torch import Tensor
 from torchfeed._options import check_bool, check_generator, check_range
 from torchfeed._pil import read_bytes
 from torchfeed.limits import check_image_pixels
-from torchfeed.ops._image_op import resize_arg, resized_size, size_pair
+from torchfeed.ops._image_op import (
+    output_box,
+    resize_arg,
+    resize_center_crop_grid,
+    resized_size,
+    size_pair,
+)
 from torchfeed.ops._jpeg import Box, check_box, decode_whole, jpeg_frame_size, jpeg_header
 from torchfeed.ops.decode_jpeg_window import decode_jpeg_window
 from torchfeed.sampling import resized_crop_box
@@ -322,18 +328,13 @@ class DecodeCenterCrop:
         """The window of a ``height`` x ``width`` image that the center crop keeps, in its
         pixels (the preimage of the crop under the resize, widened to whole pixels)."""
         rh, rw = resized_size(height, width, self.resize)
-        fy, fx = height / rh, width / rw  # image pixels per resized pixel
         if self.crop[0] > rh or self.crop[1] > rw:
             raise ValueError(
                 f"DecodeCenterCrop: crop {self.crop} is larger than the {height} x {width} image "
                 f"resized to ({rh}, {rw})"
             )
-        top = round((rh - self.crop[0]) / 2.0) * fy
-        left = round((rw - self.crop[1]) / 2.0) * fx
-        t, lft = math.floor(top), math.floor(left)
-        b = min(height, math.ceil(top + self.crop[0] * fy))
-        r = min(width, math.ceil(left + self.crop[1] * fx))
-        return t, lft, b - t, r - lft
+        sizes = torch.tensor([[height, width]], dtype=torch.int64)
+        return output_box(resize_center_crop_grid(sizes, self.resize, self.crop), self.crop)
 
     def __call__(self, data: Any) -> Tensor:
         source = _Source(_as_encoded(data))

@@ -238,21 +238,92 @@ def test_reduced_decode_with_the_flip_before_the_crop():
     assert flipped > 0
 
 
+# The evaluation transform (Resize -> CenterCrop) with reduced_decode: the crop's preimage
+# (DecodeCenterCrop's window, tests/test_decode_scaled.py) at reduced scale, resized whole.
+def evaluation_compose(resize, crop) -> v2.Compose:
+    return v2.Compose([v2.Resize(resize), v2.CenterCrop(crop), v2.ToImage(),
+                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])  # fmt: skip
+
+
+def resized_reference(window: torch.Tensor, size) -> torch.Tensor:
+    out = TF.resize(TF.to_dtype(window, torch.float32, scale=True), list(size), antialias=True)
+    return TF.normalize(out, MEAN, STD)
+
+
+@pytest.mark.parametrize("kind", ["4:2:0", "4:4:4", "progressive", "grayscale", "png"])
+def test_reduced_decode_of_the_evaluation_transform(kind):
+    data = KINDS[kind]()
+    image = full_decode(data)
+    reduced = ResizeCenterCropNormalize(20, 16, mean=MEAN, std=STD, reduced_decode=True)
+    exact = ResizeCenterCropNormalize(20, 16, mean=MEAN, std=STD)
+    got = reduced(data)
+    window = tio.DecodeCenterCrop(20, 16)(data)  # the preimage, at the scale 16 px allow
+    if kind == "png":  # never scaled: the exact path, bit for bit
+        assert torch.equal(got, exact(data))
+    else:
+        _, _, h, w = tio.DecodeCenterCrop(20, 16).box(*image.shape[1:])
+        assert window.shape[1] <= h // 2 and window.shape[2] <= w // 2  # it was reduced
+        assert (got - resized_reference(window, (16, 16))).abs().max() < TOL
+    # how close that is to full scale on photos: tests/test_decode_scaled.py, README
+    assert got.shape == evaluation_compose(20, 16)(image).shape == (3, 16, 16)
+    # the fused Compose does the same, and a decoded image is never reduced
+    fused = torchfeed.fuse(evaluation_compose(20, 16), reduced_decode=True)
+    assert torch.allclose(fused(data), got, rtol=0, atol=1e-5)
+    assert torch.equal(reduced(image), exact(image))
+
+
+def test_reduced_decode_of_a_plain_resize_and_a_crop_then_resize():
+    """Resize alone (the whole image is the window) and CenterCrop -> Resize (the crop is)."""
+    data = JPEGS["progressive"]()  # 200 x 301
+    resize_only = torchfeed.fuse(
+        [v2.Resize((30, 40)), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)],
+        reduced_decode=True,
+    )
+    window = tio.decode_window(data, (0, 0, 200, 301), size=(30, 40))
+    assert window.shape[1:] == (50, 75)  # 1/4: the largest scale keeping 30 x 40
+    assert (resize_only(data) - resized_reference(window, (30, 40))).abs().max() < TOL
+    crop_first = torchfeed.fuse(
+        [
+            v2.CenterCrop(120),
+            v2.Resize(28),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(MEAN, STD),
+        ],
+        reduced_decode=True,
+    )
+    window = tio.decode_window(data, (40, 90, 120, 120), size=(28, 28))  # the center crop
+    assert window.shape[1:] == (30, 30)
+    assert (crop_first(data) - resized_reference(window, (28, 28))).abs().max() < TOL
+    # a flip first mirrors the window; this crop is symmetric (30 resized columns, 16 kept, 7
+    # each side), so the result is the unflipped one flipped
+    flip_first = torchfeed.fuse(
+        [
+            v2.RandomHorizontalFlip(1.0),
+            v2.Resize(20),
+            v2.CenterCrop(16),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(MEAN, STD),
+        ],
+        reduced_decode=True,
+    )
+    unflipped = ResizeCenterCropNormalize(20, 16, mean=MEAN, std=STD, reduced_decode=True)(data)
+    assert torch.allclose(flip_first(data), TF.horizontal_flip(unflipped), rtol=0, atol=1e-5)
+    assert not torch.allclose(unflipped, TF.horizontal_flip(unflipped), atol=0.1)
+
+
 def test_reduced_decode_errors():
     with pytest.raises(TypeError, match="reduced_decode must be a bool, got str"):
         train(0, reduced_decode="yes")
-    with pytest.raises(ValueError, match="reduced_decode decodes a random crop .* steps have none"):
-        ResizeCenterCropNormalize(64, 56, mean=MEAN, std=STD, reduced_decode=True)
-    evaluation = v2.Compose([v2.Resize(64), v2.CenterCrop(56),
-                             v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])  # fmt: skip
-    with pytest.raises(ValueError, match="fuse: reduced_decode .* first step is Fused\\(Resize"):
-        torchfeed.fuse(evaluation, reduced_decode=True)
+    crop_only = v2.Compose([v2.CenterCrop(56), v2.ToDtype(torch.float32, scale=True),
+                            v2.Normalize(MEAN, STD)])  # fmt: skip
+    with pytest.raises(ValueError, match="fuse: reduced_decode .* first step is Fused\\(Center"):
+        torchfeed.fuse(crop_only, reduced_decode=True)  # nothing resized: no scale to reduce
     jitter_first = v2.Compose([v2.ColorJitter(0.4), v2.RandomResizedCrop(32),
                                v2.ToDtype(torch.float32, scale=True)])  # fmt: skip
     with pytest.raises(ValueError, match="first step is ColorJitter"):
         torchfeed.fuse(jitter_first, reduced_decode=True)  # the crop fuses, but sees no bytes
     with pytest.raises(TypeError, match="reduced_decode must be a bool, got int"):
-        torchfeed.fuse(evaluation, reduced_decode=1)
+        torchfeed.fuse(evaluation_compose(64, 56), reduced_decode=1)
 
 
 def test_a_pipeline_whose_first_step_stays_torchvisions_decodes_the_bytes_whole():

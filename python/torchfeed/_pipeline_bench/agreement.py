@@ -16,12 +16,15 @@ from torchfeed._pipeline_bench.image_pipelines import (
     WINDOW_BOUND,
     fused_transform,
 )
-from torchfeed.decode import decode_window
+from torchfeed.decode import DecodeCenterCrop, decode_window
 from torchfeed.ops.crop_flip_normalize import crop_flip_normalize
 from torchfeed.reference import crop_flip_normalize_torchvision
 from torchfeed.sampling import sample_flips, sample_resized_crop_params
+from torchfeed.transforms import ResizeCenterCropNormalize
 
-__all__ = ["check_agreement", "decodable"]
+__all__ = ["EVAL_RESIZE", "check_agreement", "decodable", "evaluation_agreement"]
+
+EVAL_RESIZE = 256  # the evaluation transform: Resize(256) -> CenterCrop(224)
 
 
 def decodable(files: Sequence[Path], count: int) -> list[tuple[Path, torch.Tensor, torch.Tensor]]:
@@ -80,7 +83,9 @@ def check_agreement(files: Sequence[Path], count: int = 8) -> dict[str, float]:
     whole = torch.tensor([[0, 0, w.shape[1], w.shape[2]] for w in scaled])
     from_scaled = crop_flip_normalize(scaled, whole, flips, SIZE, mean=MEAN, std=STD)
     scaled_diff = (from_scaled - ours).abs()
+    evaluation = evaluation_agreement(readable)
     return {
+        **evaluation,
         "scaled_max_abs_diff": float(scaled_diff.max()),
         "scaled_mean_abs_diff": float(scaled_diff.mean()),
         "scaled_images": sum(
@@ -91,4 +96,24 @@ def check_agreement(files: Sequence[Path], count: int = 8) -> dict[str, float]:
         "bound": bound,
         "window_max_abs_diff": window_diff,
         "window_bound": WINDOW_BOUND,
+    }
+
+
+def evaluation_agreement(readable: Sequence[tuple[Path, torch.Tensor, torch.Tensor]]) -> dict:
+    """The evaluation transform (``Resize(256) -> CenterCrop(224)``, fused) with
+    ``reduced_decode=True`` on the files' bytes against the same at full scale on the decoded
+    images: measured, not bounded (another filter), in normalized units."""
+    exact = ResizeCenterCropNormalize(EVAL_RESIZE, SIZE, mean=MEAN, std=STD)
+    reduced = ResizeCenterCropNormalize(EVAL_RESIZE, SIZE, mean=MEAN, std=STD, reduced_decode=True)
+    window = DecodeCenterCrop(EVAL_RESIZE, SIZE)
+    diffs, count = [], 0
+    for _, encoded, image in readable:
+        diffs.append((reduced(encoded) - exact(image)).abs())
+        box = window.box(image.shape[1], image.shape[2])
+        count += window(encoded).shape[1] < box[2]  # decoded at reduced scale
+    diff = torch.stack(diffs)
+    return {
+        "eval_scaled_images": count,
+        "eval_scaled_mean_abs_diff": float(diff.mean()),
+        "eval_scaled_max_abs_diff": float(diff.max()),
     }

@@ -28,6 +28,7 @@ __all__ = [
     "check_flips",
     "grid_from_boxes",
     "host_parameter",
+    "output_box",
     "resize_arg",
     "resize_center_crop_grid",
     "resized_size",
@@ -287,6 +288,23 @@ def resize_center_crop_grid(
     shorter side, keeping the aspect ratio) then ``center_crop(crop)``."""
     rh, rw = (resize, -1) if isinstance(resize, int) else resize
     return torch.ops.torchfeed.resize_center_crop_grid(sizes, rh, rw, crop[0], crop[1])
+
+
+def output_box(grid: Tensor, out_size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """The source pixels a one-image ``grid``'s output stands for, (top, left, height, width),
+    widened to whole pixels: per axis, the output's ``out`` samples of the ``virtual`` ones
+    spread over ``[start, start + extent)``, from ``offset`` on. A random crop's box, a
+    center crop's preimage under its resize, a whole resized image."""
+    row = grid[0].tolist()
+    edges = []
+    for axis, out in enumerate(out_size):
+        start, extent, virtual, offset, end = row[5 * axis : 5 * axis + 5]
+        lo = start + extent * offset / virtual
+        first = math.floor(lo)
+        last = min(math.ceil(lo + extent * out / virtual), math.ceil(end))
+        edges.append((first, max(1, last - first)))
+    (top, height), (left, width) = edges
+    return top, left, height, width
 
 
 def run(

@@ -24,7 +24,7 @@ from torchfeed._packing import Layout
 from torchfeed._pil import CHANNELS as PIL_CHANNELS
 from torchfeed.decode import _as_encoded, _reduction, _Source
 from torchfeed.images import RaggedImages
-from torchfeed.ops._image_op import ImageOptions, OpImages, run
+from torchfeed.ops._image_op import ImageOptions, OpImages, output_box, run
 from torchfeed.transforms._inputs import (
     TARGETS,
     as_op_image,
@@ -57,11 +57,11 @@ class FusedTransform(v2.Transform):
         super().__init__()
         check_bool("return_params", return_params)
         check_bool("reduced_decode", reduced_decode)
-        if reduced_decode and not plan.random_crop:
+        if reduced_decode and not plan.resizes:
             raise ValueError(
-                f"{type(self).__name__}: reduced_decode decodes a random crop at reduced scale, "
-                f"and these steps have none ({plan.describe()}); for Resize -> CenterCrop, "
-                "decode with torchfeed.decode.DecodeCenterCrop"
+                f"{type(self).__name__}: reduced_decode decodes at reduced scale what the steps "
+                f"then resize, and these steps resize nothing ({plan.describe()}): there is no "
+                "scale to reduce"
             )
         check_generator(generator)
         self.plan = plan
@@ -215,17 +215,17 @@ class FusedTransform(v2.Transform):
         h, w = source.size
         sizes, out_size, params = self._draw_one(h, w)
         flips = self.plan.flip_of(params, 1)
+        try:
+            grid = self._grid(sizes, params, out_size)
+        except _Unfusable as e:
+            e.image = source.window((0, 0, h, w))
+            raise
         scaled = None
         if self.reduced_decode and source.scalable:
-            scaled = self._reduced_window(source, params, flips, out_size)
+            scaled = self._reduced_window(source, grid, out_size)
         if scaled is not None:
             window, grid = scaled
         else:
-            try:
-                grid = self._grid(sizes, params, out_size)
-            except _Unfusable as e:
-                e.image = source.window((0, 0, h, w))
-                raise
             (y0, x0, y1, x1), grid = _taps_window(grid)
             window = source.window((y0, x0, y1 - y0, x1 - x0))
         plain = window.permute(1, 2, 0) if self._hwc else window
@@ -233,18 +233,18 @@ class FusedTransform(v2.Transform):
         return out, params
 
     def _reduced_window(
-        self, source: _Source, params: dict[str, Tensor], flips: Tensor, out_size: tuple[int, int]
+        self, source: _Source, grid: Tensor, out_size: tuple[int, int]
     ) -> tuple[Tensor, Tensor] | None:
-        """The crop's box decoded at the largest of 1/2, 1/4, 1/8 at which it still has
-        ``out_size`` pixels each way (DecodeRandomCrop(size=...)'s window), and the grid that
-        resizes all of it to ``out_size``; None when the crop is too small to reduce (the exact
-        path then decodes it at full scale)."""
-        top, left, h, w = params["boxes"][0].tolist()
-        if _reduction(h, w, out_size) == 1:
+        """The source box the output stands for (``output_box``: a random crop's box, a center
+        crop's preimage under its resize, a whole resized image; mirrored when the flip comes
+        first) decoded at the largest of 1/2, 1/4, 1/8 at which it still has ``out_size``
+        pixels each way (DecodeRandomCrop(size=...)'s and DecodeCenterCrop's window), and the
+        grid that resizes all of it to ``out_size``; None when it is too small to reduce (the
+        exact path then decodes it at full scale)."""
+        box = output_box(grid, out_size)
+        if _reduction(box[2], box[3], out_size) == 1:
             return None
-        if self.plan.flip_first and bool(flips[0]):  # the box was drawn on the mirrored image
-            left = source.size[1] - left - w
-        window = source.window((top, left, h, w), out_size)
+        window = source.window(box, out_size)
         size = torch.tensor([window.shape[1:]], dtype=torch.int64)
         whole = torch.cat([torch.zeros_like(size), size], dim=1)
         return window, torch.ops.torchfeed.resized_crop_grid(size, whole, *out_size)

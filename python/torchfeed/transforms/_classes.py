@@ -136,7 +136,14 @@ class ResizeCenterCropNormalize(FusedTransform):
     ToDtype(dtype, scale=True) -> Normalize(mean, std)``, in one fused pass: each image becomes
     one resampling of exactly the pixels the crop keeps (an int ``resize`` sets the shorter
     side). Inputs, outputs and keyword options as :class:`RandomResizedCropFlipNormalize`'s
-    (nothing is random: no parameters are drawn)."""
+    (nothing is random: no parameters are drawn).
+
+    On an encoded JPEG, ``reduced_decode=True`` (off by default) decodes the crop's preimage
+    (the source pixels the crop keeps, widened to whole pixels) at the largest of 1/2, 1/4 and
+    1/8 at which it still has ``crop`` pixels each way, and resizes it: what
+    :class:`torchfeed.decode.DecodeCenterCrop` followed by ResizeRandomFlipNormalize(crop,
+    p_flip=0) does to a batch, per sample, and not bit-identical to the full-scale result
+    (README, "Decoding at reduced scale")."""
 
     def __init__(
         self, resize: int | Sequence[int], crop: int | Sequence[int], **options: Unpack[Options]

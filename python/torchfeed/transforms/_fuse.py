@@ -118,8 +118,9 @@ def fuse(
     ``ImageFolder(root, loader=torchfeed.decode.read_file)``) and decodes only the pixels its
     crop reads, with the same result; before a first step that stays torchvision's, the result
     starts with :class:`DecodeBytes`, which decodes them whole. ``reduced_decode=True`` decodes
-    the first step's random crop at reduced scale (see :class:`RandomResizedCropFlipNormalize`;
-    not bit-identical); without a fused random crop first, it is refused.
+    what the first step resizes (a random crop; a center crop's preimage under its resize; a
+    whole resized image) at reduced scale (see :class:`RandomResizedCropFlipNormalize`; not
+    bit-identical); without a fused first step that resizes, it is refused.
     """
     check_generator(generator)
     check_bool("reduced_decode", reduced_decode)
@@ -150,8 +151,8 @@ def fuse(
     if reduced_decode and not (isinstance(first, FusedSteps) and first.reduced_decode):
         raise ValueError(
             "fuse: reduced_decode decodes a file's bytes at reduced scale, which only a first "
-            "step that fuses a RandomResizedCrop sees; this pipeline's first step is "
-            f"{first!r} (a step between the crop and ToDtype keeps the crop from fusing)"
+            "step that fuses a RandomResizedCrop or a Resize sees; this pipeline's first step is "
+            f"{first!r} (a step between the crop or resize and ToDtype keeps it from fusing)"
         )
     if not isinstance(first, FusedSteps):
         out.insert(0, DecodeBytes())
@@ -207,7 +208,7 @@ def _compile(
     mean, std = mean_std if mean_std is not None else ([0.0], [1.0])
     options = ImageOptions(mean, std, mode, antialias, dtype)
     plan = Plan(tuple(spatial))
-    reduced = reduced_decode and plan.random_crop  # only a random crop's decode is reduced
+    reduced = reduced_decode and plan.resizes  # a step that resizes nothing has no scale
     return FusedSteps(steps, plan, options, generator, compose(steps), to_image, reduced)
 
 

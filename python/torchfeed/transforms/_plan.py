@@ -117,6 +117,12 @@ class Plan:
         return any(isinstance(s, RandomCrop) for s in self.steps)
 
     @property
+    def resizes(self) -> bool:
+        """Whether a step resamples (a random resized crop or a resize): what a reduced-scale
+        decode can stand in for."""
+        return any(isinstance(s, RandomCrop | Resize) for s in self.steps)
+
+    @property
     def flip_first(self) -> bool:
         """Whether the flip comes before the crop (then the op crops the mirrored box)."""
         return len(self.steps) > 1 and isinstance(self.steps[0], Flip)

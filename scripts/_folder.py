@@ -1,0 +1,27 @@
+"""The command line of the scripts that measure a folder of images: the folder (default: the
+bench's built-in large variant, made if missing) and ``--repeats`` (passes, best kept)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from torchfeed._pipeline_bench.dataset import ensure_large_dataset
+
+
+def parse(doc: str) -> tuple[argparse.ArgumentParser, Path, int]:
+    """The parser (for later errors), the folder and the repeats; the process set to one
+    thread, as every figure of these scripts is per thread."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("folder", nargs="?", type=Path, help="an image folder (default: --large)")
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the files (best kept)")
+    args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    torch.set_num_threads(1)
+    folder = args.folder or ensure_large_dataset(128)
+    if not folder.is_dir():
+        parser.error(f"folder: {folder} is not a directory")
+    return parser, folder, args.repeats
