@@ -217,6 +217,11 @@ def test_doctor_reads_the_users_images(tmp_path):
         in text
     )
     assert "DecodeRandomCrop(size=224)" in text and "about 1/4" in text
+    assert "torchfeed.fuse(your_compose, reduced_decode=True)" in text
+    # the evaluation transform keeps 7/8 of the median shorter side (1500 px): 1312 px, 1/4
+    assert "(Resize(256) -> CenterCrop(224)) keeps a ~1312 px square" in text
+    assert "torchfeed.fuse(your_eval_compose, reduced_decode=True)" in text
+    assert "only that square, at about 1/4" in text
     assert "loader=torchfeed.decode.read_file, transform=torchfeed.fuse(" in text
     assert "~288 MB per batch of 32" in text  # 3 MP x 3 bytes x 32
     if not torch.cuda.is_available():
@@ -232,6 +237,7 @@ def test_doctor_reads_the_users_images(tmp_path):
     text = run_cli("doctor", "--data", str(small)).stdout
     assert "median 0.15 MP" in text
     assert "DecodeRandomCrop(size=" not in text and "MB per batch" not in text
+    assert "your_eval_compose" not in text  # a 300 px square: nothing to reduce
     assert "fused transform in the workers" not in text  # small images: the main process wins
     assert "progressive JPEGs" in text  # whatever their size
 

@@ -12,6 +12,7 @@ import torch
 
 from torchfeed._extension import C, build_info
 from torchfeed._pipeline_bench.dataset import list_image_folder
+from torchfeed.decode import _reduction
 from torchfeed.memory import PinnedRing
 
 __all__ = ["images_report", "report"]
@@ -168,7 +169,13 @@ def images_report(folder: Path, size: int, batch_size: int, gpu: bool) -> tuple[
     window = math.sqrt(_MEAN_CROP_AREA * median)  # a typical crop's side, in pixels
     whole_mb = median * 3 * batch_size / 1e6
     # the largest of libjpeg's scales (1/2, 1/4, 1/8) at which that crop still covers the output
-    scale = min(8, 2 ** int(math.log2(window / size))) if window >= size else 1
+    scale = _reduction(window, window, (size, size))
+    # the evaluation transform, Resize(size * 8 / 7) -> CenterCrop(size) (256 -> 224), keeps a
+    # square of 7/8 of the shorter side
+    shorter = sorted(min(h, w) for h, w, _, _ in headers)[len(headers) // 2]
+    resize = round(size * 8 / 7)
+    kept = shorter * size / resize
+    eval_scale = _reduction(kept, kept, (size, size))
     if jpegs:
         advice.append(
             "a per-sample transform (ImageFolder(transform=...)): ImageFolder(root, "
@@ -179,10 +186,19 @@ def images_report(folder: Path, size: int, batch_size: int, gpu: bool) -> tuple[
     if scale >= 2 and jpegs:
         advice.append(
             f"a typical random crop of these images is ~{window:.0f} px a side, "
-            f"{window / size:.1f}x the output ({size} px): decode it at reduced scale, "
-            f"torchfeed.decode.DecodeRandomCrop(size={size}) (here about 1/{scale}: several "
-            "times less decoding, pixels that differ slightly from the full-scale decode; "
-            "`torchfeed bench --data` measures both)"
+            f"{window / size:.1f}x the output ({size} px): decode it at reduced scale, per "
+            "sample with torchfeed.fuse(your_compose, reduced_decode=True) on the file's bytes, "
+            f"in batches with torchfeed.decode.DecodeRandomCrop(size={size}) (here about "
+            f"1/{scale}: several times less decoding, pixels that differ slightly from the "
+            "full-scale decode; `torchfeed bench --data` measures both)"
+        )
+    if eval_scale >= 2 and jpegs:
+        advice.append(
+            f"the evaluation transform (Resize({resize}) -> CenterCrop({size})) keeps a "
+            f"~{kept:.0f} px square of these images: on the file's bytes, "
+            "torchfeed.fuse(your_eval_compose, reduced_decode=True) decodes only that square, "
+            f"at about 1/{eval_scale} (scripts/reduced_decode_effect.py DIR measures the "
+            "difference and the speed)"
         )
     if progressive:
         eighth = scale == 8
