@@ -16,6 +16,7 @@ region after the copy, so a worker never overwrites memory a copy may still be r
 from __future__ import annotations
 
 import random
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -47,8 +48,9 @@ class ZeroCopyLoader(ResumableLoader):
     identical to the ordinary path's; with ``num_workers=0`` there is nothing to share and it is
     an ordinary DataLoader. ``ring_capacity`` (bytes) defaults to enough for every batch the
     workers can have in flight, estimated from a first batch's first 8 samples collated in
-    this process; memory is allocated as batches use it (about the batches in flight), and the
-    part the queued batches take is made resident before the workers start;
+    this process (fewer, at least 2, when they take over 0.25 s, with more room to spare);
+    memory is allocated as batches use it (about the batches in flight), and the part the
+    queued batches take is made resident before the workers start;
     ``ring_timeout`` is how long a worker waits for space (seconds, or None: forever).
     """
 
@@ -91,12 +93,13 @@ class ZeroCopyLoader(ResumableLoader):
         capacity = self._ring_capacity
         resident = 0
         if capacity is None:
-            nbytes, exact = self._probe_batch_bytes()
+            nbytes, samples, exact = self._probe_batch_bytes()
             waiting = self.num_workers * (self.prefetch_factor or 2)  # batches the loader queues
             # room for those, for the batches the consumer holds, and for batches larger than
-            # the probe's (more so when it is an estimate); memory is allocated as it is used,
-            # and the part the queued batches and the current one take is made resident now
-            margin = 1.5 if exact else 2.0
+            # the probe's (more so when it is an estimate, and from fewer samples); memory is
+            # allocated as it is used, and the part the queued batches and the current one take
+            # is made resident now
+            margin = 1.5 if exact else 2.0 if samples >= self._PROBE_SAMPLES else 3.0
             capacity = int(nbytes * margin + 4096) * (waiting + 4)
             # (never more than an epoch's batches: a short epoch would not use the rest)
             resident = nbytes * min(waiting + 1, max(len(self), 1))
@@ -120,22 +123,31 @@ class ZeroCopyLoader(ResumableLoader):
         self.collate_fn = _bind(self._unbound_collate, self.shared_ring)
 
     _PROBE_SAMPLES = 8
+    # Samples that slow (a large photo decoded whole: ~0.1 s) are probed fewer, at least 2: the
+    # probe runs before the workers start, so its time is the first epoch's.
+    _PROBE_SECONDS = 0.25
 
-    def _probe_batch_bytes(self) -> tuple[int, bool]:
+    def _probe_batch_bytes(self) -> tuple[int, int, bool]:
         """The bytes of a batch, measured on a first batch collated here (on its first 8
-        samples, scaled up, when batches are larger), and whether that is exact (the whole
-        batch). Every random state it could move (torch's, numpy's, random's) is put back: the
-        user's draws, and the batches the workers make, are the ordinary path's."""
+        samples, or those read in 0.25 s but at least 2, scaled up, when batches are larger),
+        the samples read, and whether that is exact (the whole batch). Every random state it
+        could move (torch's, numpy's, random's) is put back: the user's draws, and the batches
+        the workers make, are the ordinary path's."""
         saved = torch.get_rng_state(), np.random.get_state(), random.getstate()
         try:
             size = len(self.dataset)  # type: ignore[arg-type]  # map-style: checked in __init__
             batch = min(self.batch_size or 1, size)
-            probe = min(batch, self._PROBE_SAMPLES)
-            first = [self.dataset[i] for i in range(probe)]
+            first: list[Any] = []
+            start = time.perf_counter()
+            for i in range(min(batch, self._PROBE_SAMPLES)):
+                first.append(self.dataset[i])
+                if len(first) >= 2 and time.perf_counter() - start > self._PROBE_SECONDS:
+                    break
             nbytes = sum(
                 t.numel() * t.element_size() for t in tensors_of(self._unbound_collate(first))
             )
-            return -(-nbytes * batch // max(probe, 1)), probe == batch
+            probe = len(first)
+            return -(-nbytes * batch // max(probe, 1)), probe, probe == batch
         finally:
             torch.set_rng_state(saved[0])
             np.random.set_state(saved[1])

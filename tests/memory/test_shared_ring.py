@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -343,6 +344,28 @@ def test_the_ring_is_sized_from_eight_samples_and_the_loader_queue():
     assert ring.stats()["high_water"] <= ring._populated
     plain = list(loader(Counted(), collate_fn=ImageCollate(0, layout="HWC"), batch_size=32))
     assert same(batches, plain)
+
+
+class Slow(Counted):
+    """Samples that take 0.15 s each, as a large photo decoded whole does."""
+
+    def __getitem__(self, i):
+        time.sleep(0.15)
+        return super().__getitem__(i)
+
+
+def test_slow_samples_are_probed_fewer_with_more_room_to_spare():
+    data = Slow(24)
+    dl = loader(data, zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"), batch_size=12,
+                num_workers=1)  # fmt: skip
+    batches = list(dl)
+    assert len(batches) == 2 and data.reads == 2  # 0.3 s after 2 samples: the probe stops
+    two = ImageCollate(0, layout="HWC")([Counted()[i] for i in range(2)])
+    per_batch = 6 * sum(t.numel() * t.element_size() for t in tensors_of(two))
+    # an estimate from 2 of 12 samples: three times the bytes, for 1 x 2 queued batches + 4 held
+    assert dl.shared_ring.capacity == (3 * per_batch + 4096) * (1 * 2 + 4)
+    assert same(batches, list(loader(Counted(24), collate_fn=ImageCollate(0, layout="HWC"),
+                                     batch_size=12)))  # fmt: skip
 
 
 def test_a_ring_is_never_sized_beyond_half_the_machine(monkeypatch):
