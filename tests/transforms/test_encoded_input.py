@@ -111,6 +111,11 @@ def test_what_the_op_cannot_do_exactly_takes_the_original_steps_on_the_decoded_i
                            v2.Normalize(MEAN, STD)])  # fmt: skip
     data = JPEGS["4:2:0"]()  # 123 x 157: CenterCrop(300) pads it
     assert torch.equal(torchfeed.fuse(original)(data), original(full_decode(data)))
+    # with reduced_decode too: a center crop larger than the resized image, before or after it
+    for steps in ([v2.Resize(40), v2.CenterCrop(60)], [v2.CenterCrop(300), v2.Resize(40)]):
+        padded = v2.Compose([*steps, v2.ToDtype(torch.float32, scale=True)])
+        fused = torchfeed.fuse(padded, reduced_decode=True)
+        assert torch.equal(fused(data), padded(full_decode(data)))
 
 
 @pytest.mark.parametrize(
