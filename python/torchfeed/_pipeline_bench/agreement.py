@@ -16,7 +16,7 @@ from torchfeed._pipeline_bench.image_pipelines import (
     WINDOW_BOUND,
     fused_transform,
 )
-from torchfeed.decode import DecodeCenterCrop, decode_window
+from torchfeed.decode import DecodeCenterCrop, _reduction, _Source, decode_window
 from torchfeed.ops.crop_flip_normalize import crop_flip_normalize
 from torchfeed.reference import crop_flip_normalize_torchvision
 from torchfeed.sampling import sample_flips, sample_resized_crop_params
@@ -105,12 +105,13 @@ def evaluation_agreement(readable: Sequence[tuple[Path, torch.Tensor, torch.Tens
     images: measured, not bounded (another filter), in normalized units."""
     exact = ResizeCenterCropNormalize(EVAL_RESIZE, SIZE, mean=MEAN, std=STD)
     reduced = ResizeCenterCropNormalize(EVAL_RESIZE, SIZE, mean=MEAN, std=STD, reduced_decode=True)
-    window = DecodeCenterCrop(EVAL_RESIZE, SIZE)
+    preimage = DecodeCenterCrop(EVAL_RESIZE, SIZE).box
     diffs, count = [], 0
     for _, encoded, image in readable:
         diffs.append((reduced(encoded) - exact(image)).abs())
-        box = window.box(image.shape[1], image.shape[2])
-        count += window(encoded).shape[1] < box[2]  # decoded at reduced scale
+        # decoded at reduced scale: the decoder's own rule, without decoding the window again
+        box = preimage(image.shape[1], image.shape[2])
+        count += _Source(encoded).scalable and _reduction(box[2], box[3], (SIZE, SIZE)) > 1
     diff = torch.stack(diffs)
     return {
         "eval_scaled_images": count,
