@@ -21,8 +21,7 @@ import torch
 from torchvision.transforms import v2
 
 import torchfeed
-from torchfeed._pil import read_bytes
-from torchfeed._pipeline_bench.agreement import EVAL_RESIZE, check_agreement, decodable
+from torchfeed._pipeline_bench.agreement import EVAL_RESIZE, agreement_of, decodable
 from torchfeed._pipeline_bench.dataset import list_image_folder
 from torchfeed._pipeline_bench.image_pipelines import MEAN, SIZE, STD, torchvision_transform
 
@@ -64,10 +63,17 @@ def main() -> None:
         paths = list_image_folder(folder)[0]
     except FileNotFoundError:
         paths = []
-    if not decodable(paths, 1):
+    readable = decodable(paths, len(paths))  # unreadable files are skipped, as the bench does
+    if not readable:
         parser.error(f"folder: no readable image under {folder}")
-    a = check_agreement(paths, count=len(paths))
-    print(f"{a['images']} images of {folder}; differences in normalized units (1 level ~0.017)")
+    a = agreement_of(readable)
+    skipped = (
+        f" ({len(paths) - len(readable)} unreadable skipped)" if len(readable) < len(paths) else ""
+    )
+    print(
+        f"{a['images']} images of {folder}{skipped}; differences in normalized units (1 level "
+        "~0.017)"
+    )
     print(
         f"training (RandomResizedCrop(224), the same draws): {a['scaled_images']} reduced, mean "
         f"{a['scaled_mean_abs_diff']:.4f}, max {a['scaled_max_abs_diff']:.3f}"
@@ -77,7 +83,7 @@ def main() -> None:
         f"reduced, mean {a['eval_scaled_mean_abs_diff']:.4f}, max "
         f"{a['eval_scaled_max_abs_diff']:.3f}"
     )
-    files = [bytes(read_bytes(p).numpy()) for p in paths]
+    files = [bytes(encoded.numpy()) for _, encoded, _ in readable]
     raw = lambda data: data  # noqa: E731  (loader=torchfeed.decode.read_file)
     for name, make in (("training", training), ("evaluation", evaluation)):
         torch.manual_seed(0)

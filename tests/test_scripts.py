@@ -47,9 +47,10 @@ def test_reduced_decode_effect_measures_both_transforms(tmp_path):
     for i, (h, w) in enumerate([(1200, 900), (700, 1100), (333, 401)]):  # 2 large enough
         image = TF.resize(synthetic_image(i), [h, w], antialias=True)
         (tmp_path / "a" / f"{i}.jpg").write_bytes(encode_jpeg(image, quality=90))
+    (tmp_path / "a" / "broken.jpg").write_bytes(b"not an image")  # skipped, as the bench does
     done = run_script("reduced_decode_effect.py", str(tmp_path), "--repeats", "1")
     assert done.returncode == 0, done.stderr
-    assert "3 images of" in done.stdout
+    assert "3 images of" in done.stdout and "(1 unreadable skipped)" in done.stdout
     evaluation = re.search(r"evaluation \(Resize\(256\) -> CenterCrop\(224\)\): (\d) reduced, "
                            r"mean ([0-9.]+), max ([0-9.]+)", done.stdout)  # fmt: skip
     assert evaluation is not None, done.stdout

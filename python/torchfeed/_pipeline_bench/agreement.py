@@ -22,7 +22,7 @@ from torchfeed.reference import crop_flip_normalize_torchvision
 from torchfeed.sampling import sample_flips, sample_resized_crop_params
 from torchfeed.transforms import ResizeCenterCropNormalize
 
-__all__ = ["EVAL_RESIZE", "check_agreement", "decodable", "evaluation_agreement"]
+__all__ = ["EVAL_RESIZE", "agreement_of", "check_agreement", "decodable", "evaluation_agreement"]
 
 EVAL_RESIZE = 256  # the evaluation transform: Resize(256) -> CenterCrop(224)
 
@@ -44,8 +44,12 @@ def decodable(files: Sequence[Path], count: int) -> list[tuple[Path, torch.Tenso
 def check_agreement(files: Sequence[Path], count: int = 8) -> dict[str, float]:
     """The same images with the same drawn parameters through torchvision (uint8, the
     baseline's path) and through the fused kernel give the same tensors within 1 level/std, so a
-    speedup can never come from doing less work."""
-    readable = decodable(files, count)
+    speedup can never come from doing less work. On the first ``count`` readable files."""
+    return agreement_of(decodable(files, count))
+
+
+def agreement_of(readable: Sequence[tuple[Path, torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """:func:`check_agreement` on files already read and decoded (:func:`decodable`)."""
     images = [image for _, _, image in readable]
     g = torch.Generator().manual_seed(0)
     boxes = sample_resized_crop_params([(i.shape[1], i.shape[2]) for i in images], generator=g)
