@@ -1,5 +1,6 @@
 """The command line of the scripts that measure a folder of images: the folder (default: the
-bench's built-in large variant, made if missing) and ``--repeats`` (passes, best kept)."""
+bench's built-in large variant, made if missing) and ``--repeats`` (passes, best kept), and the
+image files under it."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from pathlib import Path
 
 import torch
 
-from torchfeed._pipeline_bench.dataset import ensure_large_dataset
+from torchfeed._pipeline_bench.dataset import ensure_large_dataset, list_image_folder
 
 
-def parse(doc: str) -> tuple[argparse.ArgumentParser, Path, int]:
-    """The parser (for later errors), the folder and the repeats; the process set to one
-    thread, as every figure of these scripts is per thread."""
+def parse(doc: str) -> tuple[argparse.ArgumentParser, Path, int, list[Path]]:
+    """The parser (for later errors), the folder, the repeats and the folder's image files (an
+    ImageFolder's; none when it has no class folders); the process set to one thread, as every
+    figure of these scripts is per thread."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("folder", nargs="?", type=Path, help="an image folder (default: --large)")
     parser.add_argument("--repeats", type=int, default=3, help="passes over the files (best kept)")
@@ -24,4 +26,8 @@ def parse(doc: str) -> tuple[argparse.ArgumentParser, Path, int]:
     folder = args.folder or ensure_large_dataset(128)
     if not folder.is_dir():
         parser.error(f"folder: {folder} is not a directory")
-    return parser, folder, args.repeats
+    try:
+        files = list_image_folder(folder)[0]
+    except FileNotFoundError:
+        files = []
+    return parser, folder, args.repeats, files

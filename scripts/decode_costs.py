@@ -20,16 +20,11 @@ import torch
 
 from torchfeed._doctor import _header  # (height, width, format, progressive) from Pillow
 from torchfeed._pil import read_bytes
-from torchfeed._pipeline_bench.dataset import list_image_folder
 from torchfeed.decode import DecodeRandomCrop
 
 
 def main() -> None:
-    parser, folder, repeats = _folder.parse(__doc__)
-    try:
-        found = list_image_folder(folder)[0]
-    except FileNotFoundError:
-        found = []
+    parser, folder, repeats, found = _folder.parse(__doc__)
     # (height, width, format, progressive) of each file, read once; None for an unreadable one
     headers = {p: h for p in found if (h := _header(p)) and h[2] == "JPEG"}
     if not headers:

@@ -22,7 +22,6 @@ from torchvision.transforms import v2
 
 import torchfeed
 from torchfeed._pipeline_bench.agreement import EVAL_RESIZE, agreement_of, decodable
-from torchfeed._pipeline_bench.dataset import list_image_folder
 from torchfeed._pipeline_bench.image_pipelines import MEAN, SIZE, STD, torchvision_transform
 
 
@@ -58,11 +57,7 @@ def ms_per_image(files: list[bytes], load: Callable, transform: Callable, repeat
 
 
 def main() -> None:
-    parser, folder, repeats = _folder.parse(__doc__)
-    try:
-        paths = list_image_folder(folder)[0]
-    except FileNotFoundError:
-        paths = []
+    parser, folder, repeats, paths = _folder.parse(__doc__)
     readable = decodable(paths, len(paths))  # unreadable files are skipped, as the bench does
     if not readable:
         parser.error(f"folder: no readable image under {folder}")
