@@ -323,6 +323,13 @@ def test_reduced_decode_errors():
                             v2.Normalize(MEAN, STD)])  # fmt: skip
     with pytest.raises(ValueError, match="fuse: reduced_decode .* first step is Fused\\(Center"):
         torchfeed.fuse(crop_only, reduced_decode=True)  # nothing resized: no scale to reduce
+    step = torchfeed.fuse(crop_only).transforms[0]  # the exported FusedSteps, built by hand
+    with pytest.raises(ValueError, match=r"FusedSteps: reduced_decode decodes at reduced scale "
+                       r"what the steps then resize, and these steps resize nothing "
+                       r"\(CenterCrop\(\(56, 56\)\)\): there is no scale to reduce"):  # fmt: skip
+        torchfeed.transforms.FusedSteps(
+            step.steps, step.plan, step.options, None, crop_only, False, reduced_decode=True
+        )
     jitter_first = v2.Compose([v2.ColorJitter(0.4), v2.RandomResizedCrop(32),
                                v2.ToDtype(torch.float32, scale=True)])  # fmt: skip
     with pytest.raises(ValueError, match="first step is ColorJitter"):
