@@ -94,9 +94,10 @@ TF_HOST_DEVICE TF_INLINE float tap_weight(const TapSpan& s, int64_t j) {
   return 1.0f;
 }
 
-// Taps of output index i (already flipped) along an axis.
-TF_HOST_DEVICE TF_INLINE TapSpan tap_span(const AxisPlan& p, int64_t i, int64_t mode,
-                                          bool antialias) {
+// Taps of output index i (already flipped) along an axis, without their total (1): tap_span()
+// sums it, span_weights() computes each weight once and sums them.
+TF_HOST_DEVICE TF_INLINE TapSpan tap_range(const AxisPlan& p, int64_t i, int64_t mode,
+                                           bool antialias) {
   TapSpan s;
   s.invscale = 1.0f;
   s.total = 1.0f;
@@ -152,15 +153,40 @@ TF_HOST_DEVICE TF_INLINE TapSpan tap_span(const AxisPlan& p, int64_t i, int64_t 
   if (xmax > p.hi) xmax = p.hi;
   s.first = xmin;
   s.count = xmax > xmin ? xmax - xmin : 0;
-  float total = 0.0f;
-  for (int64_t j = 0; j < s.count; ++j) total += tap_weight(s, j);
-  s.total = total != 0.0f ? total : 1.0f;
+  return s;
+}
+
+// Antialiasing normalizes by the sum of the unnormalized weights, taken in tap order.
+TF_HOST_DEVICE TF_INLINE float checked_total(float total) { return total != 0.0f ? total : 1.0f; }
+
+// Taps of output index i (already flipped) along an axis.
+TF_HOST_DEVICE TF_INLINE TapSpan tap_span(const AxisPlan& p, int64_t i, int64_t mode,
+                                          bool antialias) {
+  TapSpan s = tap_range(p, i, mode, antialias);
+  if (s.mode == 2) {
+    float total = 0.0f;
+    for (int64_t j = 0; j < s.count; ++j) total += tap_weight(s, j);
+    s.total = checked_total(total);
+  }
   return s;
 }
 
 // The normalized weight of tap j, as both kernels use it.
 TF_HOST_DEVICE TF_INLINE float normalized_weight(const TapSpan& s, int64_t j) {
   return s.mode == 2 ? tap_weight(s, j) / s.total : tap_weight(s, j);
+}
+
+// A tap_range()'s normalized weights into w[0, count), each weight computed once: the values
+// normalized_weight() gives for tap_span()'s span, which this sets s->total to.
+TF_HOST_DEVICE TF_INLINE void span_weights(TapSpan* s, float* w) {
+  float total = 0.0f;
+  for (int64_t j = 0; j < s->count; ++j) {
+    w[j] = tap_weight(*s, j);
+    total += w[j];
+  }
+  if (s->mode != 2) return;
+  s->total = checked_total(total);
+  for (int64_t j = 0; j < s->count; ++j) w[j] /= s->total;
 }
 
 // Rows (or columns) of the source, relative to the base, that any output index reads.

@@ -91,19 +91,17 @@ struct AxisTable {
     width = 1;
     // Spans first, to size the table.
     for (int64_t i = 0; i < n; ++i) {
-      spans[i] = cfn::tap_span(p, cfn::flip_index(begin + i, out_size, flip), mode, antialias);
+      spans[i] = cfn::tap_range(p, cfn::flip_index(begin + i, out_size, flip), mode, antialias);
       width = std::max(width, spans[i].count);
     }
     weights.assign(n * width, 0.0f);
     for (int64_t i = 0; i < n; ++i) {
-      const cfn::TapSpan& s = spans[i];
+      cfn::TapSpan& s = spans[i];
       // Shift the window left at the far edge so that all `width` taps stay inside [0, hi);
       // the extra taps carry weight 0.
       const int64_t start = std::max<int64_t>(0, std::min(s.first, p.hi - width));
       first[i] = start;
-      for (int64_t j = 0; j < s.count; ++j) {
-        weights[i * width + (s.first - start) + j] = cfn::normalized_weight(s, j);
-      }
+      cfn::span_weights(&s, weights.data() + i * width + (s.first - start));
     }
   }
 };
