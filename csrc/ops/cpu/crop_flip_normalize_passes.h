@@ -462,6 +462,29 @@ inline void transpose16(__m512 (&r)[16]) {
   }
 }
 
+// Columns at .. at + 15 of 16 rows, transposed: afterwards r[q] holds column at + q, row j in
+// lane j. The 128-bit lanes are put in place by the loads themselves (one load and three
+// inserts from memory, which need no shuffle port), so only the 4 x 4 transpositions inside
+// each 128-bit lane are shuffles: half of transpose16()'s.
+inline void load_transposed16(const float* const (&row)[16], int64_t at, __m512 (&r)[16]) {
+  for (int qb = 0; qb < 4; ++qb) {  // columns 4 qb .. 4 qb + 3
+    __m512 a[4];                    // a[i]: lane b holds row 4 b + i's four columns
+    for (int i = 0; i < 4; ++i) {
+      const float* p = row[i] + at + 4 * qb;
+      __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(p));
+      v = _mm512_insertf32x4(v, _mm_loadu_ps(row[4 + i] + at + 4 * qb), 1);
+      v = _mm512_insertf32x4(v, _mm_loadu_ps(row[8 + i] + at + 4 * qb), 2);
+      a[i] = _mm512_insertf32x4(v, _mm_loadu_ps(row[12 + i] + at + 4 * qb), 3);
+    }
+    const __m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
+    const __m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
+    r[4 * qb] = _mm512_shuffle_ps(t0, t2, 0x44);
+    r[4 * qb + 1] = _mm512_shuffle_ps(t0, t2, 0xEE);
+    r[4 * qb + 2] = _mm512_shuffle_ps(t1, t3, 0x44);
+    r[4 * qb + 3] = _mm512_shuffle_ps(t1, t3, 0xEE);
+  }
+}
+
 // The horizontal pass with AVX-512: 16 output rows at a time, one row per lane. For each chunk
 // of 16 output pixels, the floats its taps read from the 16 scratch rows are transposed into
 // `columns` (16 x 16 at a time), where one tap of one channel is a single aligned 16-float load
@@ -501,8 +524,7 @@ void horizontal_rows16(const BlockJob& j) {
         const int64_t begin = interleaved ? lo * channels : plane * cols + lo;
         for (int64_t f0 = 0; f0 < span; f0 += 16) {  // reads up to 15 floats past: slack
           __m512 v[16];
-          for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_ps(row[r] + begin + f0);
-          transpose16(v);
+          load_transposed16(row, begin + f0, v);
           for (int q = 0; q < 16; ++q) _mm512_store_ps(columns + (f0 + q) * 16, v[q]);
         }
         for (int64_t c = interleaved ? 0 : plane; c < (interleaved ? channels : plane + 1); ++c) {
