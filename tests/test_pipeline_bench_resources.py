@@ -107,3 +107,35 @@ def test_the_bench_says_which_pipeline_to_pick():
         "  slower than the baseline here: 'whole images' 0.70x, peak 8,000 MB",
         "pick (images, workers=0): 'windows', 2.40x at 40.0 CPU ms/sample",
     ]
+
+
+def test_the_bench_tells_a_slower_pipeline_and_a_slow_first_epoch_from_noise():
+    from torchfeed._pipeline_bench.report import pick
+    from torchfeed._pipeline_bench.runner import PipelineResult
+
+    def row(name, epochs, first):
+        r = PipelineResult(name, "workers=2", samples_per_epoch=100, epoch_seconds=epochs)
+        r.first_epoch_seconds = first
+        out = r.row()
+        out["speedup"] = 1.0 / r.median_epoch_seconds  # the baseline's median epoch: 1.0 s
+        return out
+
+    base = row("images: base", [0.9, 1.0, 1.2], 1.1)
+    assert base["epoch_range"] == "0.90-1.20" and base["epoch_min_s"] == 0.9
+    lines = pick(
+        [
+            base,
+            row("images: noisy", [1.05, 1.1, 1.3], 1.2),  # fastest epoch beats base's slowest
+            row("images: slow", [1.3, 1.4, 1.5], 1.4),  # every epoch slower than base's slowest
+            row("images: windows", [0.4, 0.5, 0.9], 1.3),  # 2.6x the median, 1.4x the slowest
+            row("images: cold", [0.4, 0.5, 0.6], 1.0),  # 2.0x the median, 1.7x the slowest
+        ],
+        {"images": "images: base"},
+    )
+    assert lines[1:] == [
+        "  slower than the baseline here: 'noisy' 0.91x (within this run's noise: its fastest "
+        "epoch, 1.05 s, beat the baseline's slowest, 1.20 s); 'slow' 0.71x",
+        "  first epoch over 1.5x the median of the later ones: 'windows' 2.60x (1.30 s; later "
+        "epochs 0.40-0.90 s; within 1.5x of the slowest of them: this run's noise); 'cold' "
+        "2.00x (1.00 s; later epochs 0.40-0.60 s)",
+    ]

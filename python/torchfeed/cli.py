@@ -183,6 +183,7 @@ RESULT_COLUMNS = [
     ("samples_per_s", "samples/s"),
     ("speedup", "speedup"),
     ("epoch_s", "epoch s (median)"),
+    ("epoch_range", "epochs s (min-max)"),
     ("first_epoch_s", "first epoch s"),
     ("cpu_ms_per_sample", "CPU ms/sample"),
     ("peak_mb", "peak MB"),

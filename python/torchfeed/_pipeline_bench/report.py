@@ -101,10 +101,16 @@ def with_speedup(results, baseline: str) -> list[dict[str, Any]]:
     return rows
 
 
+FIRST_EPOCH_BOUND = 1.5  # a first epoch slower than this times a later one is pointed out
+
+
 def pick(rows: list[dict[str, Any]], baselines: Mapping[str, str]) -> list[str]:
     """Which pipeline to pick, per suite and config, from the measured rows: the fastest, the
-    one spending the least CPU per sample when that is another, and those slower than the
-    baseline (with their peak memory: the pipelines that ship whole decoded images)."""
+    one spending the least CPU per sample when that is another, those slower than the baseline
+    (with their peak memory: the pipelines that ship whole decoded images) and those whose first
+    epoch took over ``FIRST_EPOCH_BOUND`` times a later one; each of the last two says whether
+    the difference stays within the run's epoch-to-epoch spread (``epoch_min_s``,
+    ``epoch_max_s``), where this run cannot tell it from noise."""
     lines = []
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
@@ -125,17 +131,49 @@ def pick(rows: list[dict[str, Any]], baselines: Mapping[str, str]) -> list[str]:
                     f"({lean['speedup']:.2f}x)"
                 )
         lines.append(line)
+        base = next((r for r in part if r["pipeline"] == baselines.get(suite)), None)
         slow = [r for r in ours if r["speedup"] < 1.0]
         if slow:
             lines.append(
-                "  slower than the baseline here: "
-                + "; ".join(
-                    f"'{_short(r)}' {r['speedup']:.2f}x"
-                    + (f", peak {r['peak_mb']:,.0f} MB" if r.get("peak_mb") else "")
-                    for r in slow
-                )
+                "  slower than the baseline here: " + "; ".join(_slower(r, base) for r in slow)
+            )
+        late = [r for r in part if _first_epoch_ratio(r) > FIRST_EPOCH_BOUND]
+        if late:
+            lines.append(
+                f"  first epoch over {FIRST_EPOCH_BOUND}x the median of the later ones: "
+                + "; ".join(_late(r) for r in late)
             )
     return lines
+
+
+def _slower(row: dict[str, Any], base: dict[str, Any] | None) -> str:
+    text = f"'{_short(row)}' {row['speedup']:.2f}x"
+    if row.get("peak_mb"):
+        text += f", peak {row['peak_mb']:,.0f} MB"
+    fastest, slowest = row.get("epoch_min_s"), (base or {}).get("epoch_max_s")
+    if fastest is not None and slowest is not None and fastest <= slowest:
+        text += (
+            f" (within this run's noise: its fastest epoch, {fastest:.2f} s, beat the "
+            f"baseline's slowest, {slowest:.2f} s)"
+        )
+    return text
+
+
+def _first_epoch_ratio(row: dict[str, Any]) -> float:
+    first, median = row.get("first_epoch_s"), row.get("epoch_s")
+    if first is None or not median or median != median:
+        return float("nan")  # comparisons with nan are false: not pointed out
+    return first / median
+
+
+def _late(row: dict[str, Any]) -> str:
+    first, slowest = row["first_epoch_s"], row.get("epoch_max_s")
+    text = f"'{_short(row)}' {_first_epoch_ratio(row):.2f}x ({first:.2f} s"
+    if row.get("epoch_range"):
+        text += f"; later epochs {row['epoch_range']} s"
+    if slowest is not None and first <= slowest * FIRST_EPOCH_BOUND:
+        text += f"; within {FIRST_EPOCH_BOUND}x of the slowest of them: this run's noise"
+    return text + ")"
 
 
 def _short(row: dict[str, Any]) -> str:

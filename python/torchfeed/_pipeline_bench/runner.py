@@ -43,11 +43,16 @@ class PipelineResult:
         return 1e3 * self.cpu_seconds / samples
 
     def row(self) -> dict[str, Any]:
+        timed = self.epoch_seconds or [float("nan")]
         return {
             "pipeline": self.pipeline,
             "config": self.config,
             "samples_per_s": self.samples_per_second,
             "epoch_s": self.median_epoch_seconds,
+            # the spread of the timed epochs: what tells a real difference from this run's noise
+            "epoch_min_s": min(timed),
+            "epoch_max_s": max(timed),
+            "epoch_range": f"{min(timed):.2f}-{max(timed):.2f}" if self.epoch_seconds else None,
             "first_epoch_s": self.first_epoch_seconds,
             "cpu_ms_per_sample": self.cpu_ms_per_sample,
             "peak_mb": None if self.peak_memory_bytes is None else self.peak_memory_bytes / 2**20,
