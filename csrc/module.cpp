@@ -114,6 +114,8 @@ PYBIND11_MODULE(_C, m) {
       .def("acquire", &SharedRing::acquire, pybind11::arg("nbytes"), pybind11::arg("timeout"),
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("abandon", &SharedRing::abandon, pybind11::arg("slot"), pybind11::arg("generation"))
+      .def("lend", &SharedRing::lend, pybind11::arg("nbytes"))
+      .def("hand_over", &SharedRing::hand_over, pybind11::arg("slot"), pybind11::arg("generation"))
       .def("view", &SharedRing::view, pybind11::arg("slot"), pybind11::arg("generation"),
            pybind11::arg("nbytes"))
       .def("record_many", &SharedRing::record_many, pybind11::arg("views"), pybind11::arg("stream"),

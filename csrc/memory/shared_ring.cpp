@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <ctime>
+#include <limits>
 #include <stdexcept>
 #include <utility>
 
@@ -247,6 +248,53 @@ void SharedRing::abandon(int64_t slot, int64_t generation) {
     s.state = kFree;
     pthread_cond_broadcast(&control_->released);
   }
+}
+
+std::tuple<at::Tensor, int64_t, int64_t> SharedRing::lend(int64_t nbytes) {
+  if (nbytes < 0) {
+    throw std::invalid_argument("SharedRing.lend: nbytes must be >= 0, got " +
+                                std::to_string(nbytes));
+  }
+  if (nbytes > control_->capacity) return {at::Tensor(), -1, -1};
+  int64_t slot = 0, generation = 0, offset = 0;
+  try {
+    // the shortest deadline: one look (dead workers' regions reclaimed), no wait
+    std::tie(slot, generation, offset) = acquire(nbytes, std::numeric_limits<double>::min());
+  } catch (const RingTimeoutError&) {
+    return {at::Tensor(), -1, -1};
+  }
+  {
+    std::lock_guard<std::mutex> guard(local_mu_);
+    lent_[slot] = {generation, false};
+  }
+  std::shared_ptr<SharedRing> keep = shared_from_this();
+  at::Tensor t = at::from_blob(
+      reinterpret_cast<void*>(base_ + offset), {nbytes},
+      [keep, slot, generation](void*) { keep->lent_freed(slot, generation); },
+      at::TensorOptions().dtype(at::kByte).device(at::kCPU));
+  return {t, slot, generation};
+}
+
+bool SharedRing::hand_over(int64_t slot, int64_t generation) {
+  std::lock_guard<std::mutex> guard(local_mu_);
+  auto it = lent_.find(slot);
+  if (it == lent_.end() || it->second.first != generation || it->second.second) return false;
+  it->second.second = true;
+  return true;
+}
+
+void SharedRing::lent_freed(int64_t slot, int64_t generation) {
+  bool handed = false;
+  {
+    std::lock_guard<std::mutex> guard(local_mu_);
+    auto it = lent_.find(slot);
+    if (it == lent_.end() || it->second.first != generation) return;
+    handed = it->second.second;
+    lent_.erase(it);
+  }
+  // Never sent (the collate's output was dropped, or replaced): the region goes back. Once
+  // handed over, the main process owns it.
+  if (!handed) abandon(slot, generation);
 }
 
 at::Tensor SharedRing::view(int64_t slot, int64_t generation, int64_t nbytes) {

@@ -65,6 +65,15 @@ class SharedRing : public std::enable_shared_from_this<SharedRing> {
   std::tuple<int64_t, int64_t, int64_t> acquire(int64_t nbytes, double timeout_s);
   // Worker: a region that will not be handed over after all (e.g. the collate failed).
   void abandon(int64_t slot, int64_t generation);
+  // Worker, in an ordinary DataLoader (a collate recycling its worker's memory): a uint8 tensor
+  // over a region of nbytes, with its (slot, generation); an undefined tensor when no region is
+  // free now or nbytes exceeds the capacity (it never waits: the caller takes the ordinary path).
+  // The region goes back when the tensor is freed, unless it was handed over first.
+  std::tuple<at::Tensor, int64_t, int64_t> lend(int64_t nbytes);
+  // Worker: a lent region is on its way to the main process, which releases it once its views
+  // are gone (view()); false when (slot, generation) is not a region lent here and not yet handed
+  // over (then nothing changes).
+  bool hand_over(int64_t slot, int64_t generation);
   // Main: a uint8 tensor over the region of a handle; the region is released when the tensor
   // and all its views are freed and the copies recorded for it have finished.
   at::Tensor view(int64_t slot, int64_t generation, int64_t nbytes);
@@ -111,6 +120,7 @@ class SharedRing : public std::enable_shared_from_this<SharedRing> {
   void unregister_pinned();
   void release_if_done(int64_t slot, int64_t generation);
   void copies_done(int64_t slot, int64_t generation);
+  void lent_freed(int64_t slot, int64_t generation);
   template <typename Pred>
   int64_t reclaim_if(Pred stale);  // frees worker-held regions for which stale(slot) holds
 
@@ -126,6 +136,8 @@ class SharedRing : public std::enable_shared_from_this<SharedRing> {
     int64_t pending_copies;
   };
   std::map<int64_t, Local> local_;
+  // worker side: regions lent (slot -> generation, handed over)
+  std::map<int64_t, std::pair<int64_t, bool>> lent_;
 };
 
 }  // namespace torchfeed

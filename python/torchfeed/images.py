@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from torchfeed._packing import (
     image_shapes,
     storage_views,
 )
+from torchfeed.memory import _recycled
 
 __all__ = ["RaggedImages"]
 
@@ -28,7 +30,7 @@ class RaggedImages:
     whole batch) and resampled without reading device memory. Picklable and pinnable.
     """
 
-    __slots__ = ("_offsets", "_packed", "_shapes", "data", "layout")
+    __slots__ = ("_lent", "_offsets", "_packed", "_shapes", "data", "layout")
 
     def __init__(
         self, data: Tensor, shapes: Sequence[tuple[int, int, int]], layout: Layout = "CHW"
@@ -54,18 +56,29 @@ class RaggedImages:
         self._shapes = tuple(shapes)
         self._offsets = tuple(offsets)
         self._packed: Tensor | None = None
+        self._lent: _recycled.Lent | None = None
 
     @classmethod
-    def from_images(cls, images: Sequence[Tensor], layout: Layout = "CHW") -> RaggedImages:
+    def from_images(
+        cls, images: Sequence[Tensor], layout: Layout = "CHW", *, recycle: bool = False
+    ) -> RaggedImages:
         """Packs ``[C, H_i, W_i]`` images (``layout="CHW"``) or ``[H_i, W_i, C]`` ones
         (``"HWC"``, as PIL and numpy decode them) with one copy, keeping the order the pixels
-        already have in memory (so ``.layout`` may differ from ``layout``)."""
+        already have in memory (so ``.layout`` may differ from ``layout``). In a DataLoader
+        worker the buffer is in shared memory; with ``recycle``, in the worker's own reused
+        shared memory when it has room (:mod:`torchfeed.memory._recycled`)."""
         images = list(images)
         shapes = image_shapes(images, layout)
         views, stored = storage_views(images, layout)
-        data = empty_for_batch(sum(im.numel() for im in images), images[0])
+        numel = sum(im.numel() for im in images)
+        first = images[0]
+        recycled = recycle and first.device.type == "cpu"
+        lent = _recycled.lend(numel * first.element_size()) if recycled else None
+        data = lent[0].view(first.dtype) if lent is not None else empty_for_batch(numel, first)
         torch.cat([v.reshape(-1) for v in views], out=data)
-        return cls(data, shapes, stored)
+        out = cls(data, shapes, stored)
+        out._lent = None if lent is None else lent[1]
+        return out
 
     @classmethod
     def over(
@@ -78,6 +91,7 @@ class RaggedImages:
         out._shapes = tuple((int(c), int(h), int(w)) for c, h, w in shapes)
         out._offsets = tuple(itertools.accumulate((c * h * w for c, h, w in shapes), initial=0))
         out._packed = None
+        out._lent = None
         return out
 
     def __len__(self) -> int:
@@ -121,6 +135,7 @@ class RaggedImages:
         (out.data,) = tensors
         out.layout, out._shapes, out._offsets = self.layout, self._shapes, self._offsets
         out._packed = self._packed
+        out._lent = None
         return out
 
     def packed_shapes(self) -> Tensor:
@@ -139,6 +154,7 @@ class RaggedImages:
     def __setstate__(self, state: tuple) -> None:
         self.data, self.layout, self._shapes, self._offsets = state
         self._packed = None
+        self._lent = None
 
     def to(self, *args: Any, non_blocking: bool = False, **kwargs: Any) -> RaggedImages:
         data = self.data.to(*args, non_blocking=non_blocking, **kwargs)  # type: ignore[call-overload]
@@ -155,3 +171,33 @@ class RaggedImages:
             f"RaggedImages(batch_size={len(self)}, channels={self.channels}, layout={self.layout!r}"
             f", dtype={self.data.dtype}, device={self.data.device})"
         )
+
+
+def _reduce_for_queue(images: RaggedImages) -> Any:
+    """How a RaggedImages crosses a multiprocessing queue (a DataLoader worker's): a batch in its
+    worker's recycled memory as the region's handle, once; anything else as it pickles."""
+    lent = getattr(images, "_lent", None)
+    data = images.data
+    if (
+        lent is not None
+        and data.data_ptr() == lent.address
+        and data.numel() * data.element_size() == lent.nbytes
+        and lent.hand_over()
+    ):
+        return _received, (*lent.reduce_args(), data.dtype, images._shapes, images.layout)
+    return images.__reduce_ex__(4)
+
+
+def _received(
+    fd: Any,
+    slot: int,
+    generation: int,
+    nbytes: int,
+    dtype: torch.dtype,
+    shapes: tuple[tuple[int, int, int], ...],
+    layout: Layout,
+) -> RaggedImages:
+    return RaggedImages(_recycled.receive(fd, slot, generation, nbytes).view(dtype), shapes, layout)
+
+
+ForkingPickler.register(RaggedImages, _reduce_for_queue)

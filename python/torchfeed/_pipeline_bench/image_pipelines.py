@@ -11,10 +11,10 @@ timings in ``stages``), on the same files in the same order:
   crop reads: the same output as on the decoded image; and the same at reduced scale
   (``fuse(..., reduced_decode=True)``: the crop decoded as ``DecodeRandomCrop(size=224)`` does);
 - torchfeed: workers only read and decode (uint8, any size; ``torchfeed.decode.decode_image``,
-  libjpeg-turbo straight into the tensor); a ragged uint8 collate
-  (``ImageCollate``, one shared-memory buffer); ``DevicePrefetcher`` with the pinned ring; the
-  fused per-image crop/flip/resize/normalize on the device (on a CPU-only machine, in the
-  prefetcher's thread);
+  libjpeg-turbo straight into the tensor); a ragged uint8 collate in an ordinary DataLoader
+  (``ImageCollate``: one buffer in shared memory each worker reuses); ``DevicePrefetcher`` with
+  the pinned ring; the fused per-image crop/flip/resize/normalize on the device (on a CPU-only
+  machine, in the prefetcher's thread);
 - torchfeed with crop-window decoding: the workers draw each image's crop from the JPEG header
   and decode only that window (``torchfeed.decode.DecodeRandomCrop``, libjpeg-turbo), collate into
   the shared ring; the prefetcher resizes, flips and normalizes (``ResizeRandomFlipNormalize``):

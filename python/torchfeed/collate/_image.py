@@ -42,7 +42,13 @@ class ImageCollate:
     """A ``collate_fn`` for samples holding one image of any size: the image field becomes a
     :class:`RaggedImages` (one buffer, in shared memory inside a worker), every other field goes
     through ``default_collate``. Samples are dicts (``image_key`` a key), tuples (a position) or
-    bare images."""
+    bare images.
+
+    In an ordinary DataLoader's workers, ``recycle=True`` (the default) packs the images into
+    shared memory each worker reuses, batch after batch, rather than a fresh shared-memory file
+    per batch: the main process gets a batch viewing it, and the memory goes back to the worker
+    when that batch is freed. The pages a worker has written stay allocated for reuse (at most
+    about the batches it has in flight at once); ``recycle=False`` gives the ordinary path."""
 
     def __init__(
         self,
@@ -51,8 +57,11 @@ class ImageCollate:
         transform: BatchTransform | None = None,
         *,
         shared_ring: SharedRing | None = None,
+        recycle: bool = True,
     ) -> None:
         check_layout(layout)
+        if not isinstance(recycle, bool):
+            raise TypeError(f"recycle must be True or False, got {recycle!r}")
         if transform is not None:
             if not hasattr(transform, "apply") or not hasattr(transform, "output_shape"):
                 raise TypeError(
@@ -70,6 +79,7 @@ class ImageCollate:
         # a torchfeed.SharedRing: inside DataLoader workers, batches are collated into it
         self.shared_ring = shared_ring
         self.transform = transform  # applied to the batch here (in the workers)
+        self.recycle = recycle
 
     def with_shared_ring(self, shared_ring: SharedRing | None) -> ImageCollate:
         """A copy of this collate that packs its batches into ``shared_ring`` inside DataLoader
@@ -85,7 +95,7 @@ class ImageCollate:
         if self.transform is not None:
             pack_images = self._lazy_transformed if zero_copy else self._transformed
         else:
-            pack_images = _lazy_images if zero_copy else RaggedImages.from_images
+            pack_images = _lazy_images if zero_copy else self._packed
         other = private_collate if zero_copy else default_collate
         first = batch[0]
         if isinstance(first, Tensor):
@@ -115,6 +125,9 @@ class ImageCollate:
                 f"ImageCollate: samples must be images, dicts or tuples, got {type(first).__name__}"
             )
         return self.shared_ring.pack(out) if zero_copy and self.shared_ring else out
+
+    def _packed(self, images: Sequence[Tensor], layout: Layout) -> RaggedImages:
+        return RaggedImages.from_images(images, layout, recycle=self.recycle)
 
     def _transformed(self, images: Sequence[Tensor], layout: Layout) -> Tensor:
         assert self.transform is not None  # chosen only with a transform

@@ -1,0 +1,186 @@
+"""Recycled worker memory (ImageCollate in an ordinary DataLoader): batches identical to the
+ordinary path with fork and spawn, the worker's memory reused batch after batch, never a wait
+when the consumer keeps batches, regions a worker drops or the loader discards returned, and
+batches that outlive their workers."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from torchfeed import ImageCollate, RaggedImages
+from torchfeed.memory import _recycled
+
+
+class Images(Dataset):
+    def __init__(self, n=37, size=(8, 40)):
+        self.n, self.size = n, size
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        h, w = (int(v) for v in torch.randint(*self.size, (2,), generator=g))
+        return torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8), i
+
+
+def expected(ds, labels):
+    return [ds[int(i)][0].permute(2, 0, 1) for i in labels]
+
+
+def check(batch, ds):
+    images, labels = batch
+    assert isinstance(images, RaggedImages)
+    for got, want in zip(images.images(), expected(ds, labels), strict=True):
+        assert torch.equal(got, want)
+
+
+def recycled(images: RaggedImages) -> bool:
+    # the ordinary path's buffer is a torch shared-memory storage; a recycled one views the
+    # worker's ring through a mapping of this process's own
+    return not images.data.is_shared()
+
+
+def loader(ds, recycle=True, **kw):
+    kw = {"batch_size": 4, "num_workers": 2, **kw}
+    return DataLoader(ds, collate_fn=ImageCollate(0, layout="HWC", recycle=recycle), **kw)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_recycled_batches_are_the_ordinary_ones(context, persistent):
+    ds = Images()
+    kw = dict(multiprocessing_context=context, persistent_workers=persistent)
+    ours = loader(ds, **kw)
+    plain = loader(ds, recycle=False, **kw)
+    for _ in range(2):  # two epochs: persistent workers reuse their rings
+        for a, b in zip(ours, plain, strict=True):
+            check(a, ds)
+            assert recycled(a[0]) and not recycled(b[0])
+            assert a[0].shapes == b[0].shapes and a[0].layout == b[0].layout
+            assert torch.equal(a[0].data, b[0].data) and torch.equal(a[1], b[1])
+
+
+class Stats(Dataset):
+    """Images, plus the worker ring's counters as the sample's label (read when the sample is
+    made, so they describe the batches before it)."""
+
+    def __init__(self, n):
+        self.images = Images(n, size=(60, 61))
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        ring = _recycled._worker_ring
+        stats = ring.stats() if ring is not None and ring._owner == os.getpid() else {}
+        return self.images[i][0], (stats.get("allocations", 0), stats.get("high_water", 0))
+
+
+def test_a_worker_reuses_its_memory_batch_after_batch():
+    ds = Stats(120)
+    batch_bytes = 4 * 60 * 60 * 3
+    seen = []
+    for images, stats in loader(ds, num_workers=1):
+        assert recycled(images)
+        seen.append(stats)
+    del images
+    # 30 batches, each dropped before the next arrives: the worker's ring never held more than
+    # the batches in flight (prefetch_factor 2, the one being written, the consumer's)
+    allocations, high_water = seen[-1]
+    assert len(seen) == 30 and int(allocations[-1]) == 29
+    assert 0 < int(high_water[-1]) <= 4 * (batch_bytes + 256)
+
+
+def test_a_consumer_keeping_every_batch_never_waits():
+    ds = Images(200)
+    kept = list(loader(ds, timeout=60))  # 50 batches held: far more than a ring of 6
+    assert len(kept) == 50
+    for batch in kept:
+        check(batch, ds)
+    modes = [recycled(images) for images, _ in kept]
+    assert modes[0] and not all(modes)  # the ring filled, then the ordinary path
+
+
+def test_regions_return_when_the_worker_drops_or_the_loader_discards_them():
+    ds = Stats(200)
+    inner = ImageCollate(0, layout="HWC")
+
+    def clone_images(batch):
+        images, labels = inner(batch)
+        return images.with_tensors((images.data.clone(),)), labels  # the lent buffer dropped
+
+    dl = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=clone_images)
+    seen = []
+    for images, stats in dl:
+        assert not recycled(images)  # a clone in ordinary shared memory
+        seen.append(stats)
+    # every region came back: 50 lent, and the ring never ran out (each lend succeeded)
+    assert len(seen) == 50 and int(seen[-1][0][-1]) == 49
+
+    dl = loader(ds, num_workers=1, persistent_workers=True)
+    for epoch in range(5):  # leaked regions would fill the worker's ring (6 batches) by now
+        for k, (images, _stats) in enumerate(dl):
+            assert recycled(images), (epoch, k)
+            if k == 3:
+                break  # the batches the worker has already sent are discarded by the reset
+    del images
+    gc.collect()
+
+
+def test_batches_outlive_their_workers_and_pickle_as_usual():
+    ds = Images(12)
+    dl = loader(ds)
+    kept = list(dl)
+    del dl
+    gc.collect()  # the workers are gone; their rings live on in the batches
+    for batch in kept:
+        check(batch, ds)
+        images = batch[0]
+        for again in (pickle.loads(pickle.dumps(images)), copy.deepcopy(images)):
+            assert not recycled(again) or again.data.data_ptr() != images.data.data_ptr()
+            assert torch.equal(again.data, images.data) and again.shapes == images.shapes
+
+
+def test_no_descriptor_is_left_open():
+    ds = Images(80)
+    dl = loader(ds, persistent_workers=True)
+    counts = []
+    for _ in range(4):  # the first epoch starts the workers, which make their rings
+        for images, _labels in dl:
+            assert recycled(images)
+        del images
+        gc.collect()
+        counts.append(len(os.listdir("/proc/self/fd")))
+    assert counts[1:] == counts[:1] * 3
+
+
+def test_outside_workers_and_when_off_it_is_the_ordinary_path():
+    ds = Images(8)
+    images, _ = next(iter(loader(ds, num_workers=0)))
+    assert images._lent is None
+    images, _ = next(iter(loader(ds, recycle=False)))
+    assert not recycled(images)
+    with pytest.raises(TypeError, match="recycle must be True or False, got 1"):
+        ImageCollate(0, recycle=1)  # type: ignore[arg-type]
+
+
+def test_a_worker_that_cannot_make_its_memory_warns_once_and_packs_as_usual(monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise OSError("memfd_create: too many open files")
+
+    monkeypatch.setattr(_recycled, "get_worker_info", lambda: object())  # as in a worker
+    monkeypatch.setattr(_recycled, "SharedRing", no_memory)
+    monkeypatch.setattr(_recycled, "_worker_ring_pid", -1)
+    ims = [torch.full((3, 4, 5), 7, dtype=torch.uint8), torch.ones(3, 2, 2, dtype=torch.uint8)]
+    with pytest.warns(RuntimeWarning, match="cannot make its shared memory.*too many open"):
+        out = RaggedImages.from_images(ims, recycle=True)
+    assert out._lent is None and torch.equal(out[0], ims[0]) and torch.equal(out[1], ims[1])
+    assert _recycled.lend(100) is None  # no second warning (filterwarnings=error would raise)
