@@ -3,14 +3,15 @@ they reuse, instead of a fresh shared-memory file per batch.
 
 A tensor a worker returns crosses to the main process in shared memory: torch allocates a new
 shared-memory file for it, which the worker faults in page by page, batch after batch. For whole
-decoded photos that is over a gigabyte a batch, and on the VMs we measured 0.5-3.5 s of page
-faults a gigabyte, as much as decoding the batch. A recycling collate (ImageCollate's default)
-packs its batch into a region of its worker's own :class:`SharedRing` (made by the worker on its
-first batch; its memory is allocated as first written, and stays for reuse); when the DataLoader
-sends the batch, only the region's handle and the ring's descriptor cross, and unpickling in the
-main process gives a batch viewing the region, which goes back to the worker once those views are
-freed. No ZeroCopyLoader is needed, and it never waits: when the ring has no room (the main
-process keeps many batches) or a batch is larger than it, the batch takes the ordinary path.
+decoded photos that is over a gigabyte a batch, and on the VM we measured 0.4 s of page faults a
+gigabyte in a process alone, up to 3.5 s in busy workers. A recycling collate (ImageCollate's
+default) packs its batch into a region of its worker's own :class:`SharedRing` (made by the
+worker on its first batch; its memory is allocated as first written, and stays for reuse); when
+the DataLoader sends the batch, only the region's handle and the ring's descriptor cross, and
+unpickling in the main process gives a batch viewing the region, which goes back to the worker
+once those views are freed. No ZeroCopyLoader is needed, and it never waits: when the ring has no
+room (the main process keeps many batches) or a batch is larger than it, the batch takes the
+ordinary path.
 """
 
 from __future__ import annotations
