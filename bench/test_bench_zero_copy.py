@@ -2,7 +2,8 @@
 ring (zero copy) against the ordinary path (workers return tensors; pin_memory off on the CPU),
 on precomputed samples so that moving batches is what is measured. Goal: 1.5x the batches/s for
 64x3x224x224 uint8 images. On a GPU machine (scripts/gpu_check.sh): against pin_memory=True,
-end to end to device memory."""
+end to end to device memory. And in an ordinary DataLoader, ImageCollate's recycled worker
+memory against a fresh shared-memory file per batch (``recycle=False``) on photo-sized images."""
 
 from __future__ import annotations
 
@@ -82,6 +83,44 @@ def test_images_ordinary_path(benchmark, role, image_samples):
     role("baseline")
     # the usual collate of same-size images: stack them (default_collate)
     assert benchmark.pedantic(epoch(make(image_samples, None, False)), rounds=5) == BATCHES
+
+
+@pytest.fixture(scope="module")
+def photo_samples():
+    # 64 photo-sized images (1.2-1.8 MP, about 290 MB a batch), each sample one of them
+    g = torch.Generator().manual_seed(2)
+    base = [
+        torch.randint(0, 256, (int(h), int(w), 3), generator=g, dtype=torch.uint8)
+        for h, w in torch.randint(900, 1100, (64, 2), generator=g) * torch.tensor([2, 3]) // 2
+    ]
+    return Precomputed([(base[i % 64], i) for i in range(64 * PHOTO_BATCHES)])
+
+
+PHOTO_BATCHES = 6
+
+
+def plain(ds, recycle):
+    dl = torch.utils.data.DataLoader(
+        ds,
+        batch_size=64,
+        num_workers=2,
+        persistent_workers=True,
+        collate_fn=ImageCollate(0, layout="HWC", recycle=recycle),
+    )
+    epoch(dl)()  # start-up: workers, their memory's first pages
+    return dl
+
+
+def test_photos_recycled(benchmark, role, photo_samples):
+    benchmark.group = "DataLoader, 6 batches of 64 photo-sized uint8 images (CPU, 2 workers)"
+    role("torchfeed")
+    assert benchmark.pedantic(epoch(plain(photo_samples, True)), rounds=5) == PHOTO_BATCHES
+
+
+def test_photos_fresh_shared_memory(benchmark, role, photo_samples):
+    benchmark.group = "DataLoader, 6 batches of 64 photo-sized uint8 images (CPU, 2 workers)"
+    role("baseline")
+    assert benchmark.pedantic(epoch(plain(photo_samples, False)), rounds=5) == PHOTO_BATCHES
 
 
 def test_tokens_zero_copy(benchmark, role, token_samples):

@@ -184,3 +184,25 @@ def test_a_worker_that_cannot_make_its_memory_warns_once_and_packs_as_usual(monk
         out = RaggedImages.from_images(ims, recycle=True)
     assert out._lent is None and torch.equal(out[0], ims[0]) and torch.equal(out[1], ims[1])
     assert _recycled.lend(100) is None  # no second warning (filterwarnings=error would raise)
+
+
+class Odd(Dataset):
+    """float32 images, and images with no pixels."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        h, w = (0, 3) if i % 3 == 0 else (i + 1, 2 * i + 1)
+        return torch.arange(h * w * 3, dtype=torch.float32).reshape(h, w, 3) + i, i
+
+
+def test_any_dtype_and_images_with_no_pixels():
+    ds = Odd()
+    ours = list(loader(ds, batch_size=3))
+    plain = list(loader(ds, batch_size=3, recycle=False))
+    for (a, la), (b, lb) in zip(ours, plain, strict=True):
+        assert a.data.dtype == torch.float32 and a.shapes == b.shapes
+        assert torch.equal(a.data, b.data) and torch.equal(la, lb)
+        check((a, la), ds)
+    assert all(recycled(images) for images, _ in ours)
