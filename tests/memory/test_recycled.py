@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+import torchfeed
 from torchfeed import ImageCollate, RaggedImages
 from torchfeed.memory import _recycled
 
@@ -206,3 +207,18 @@ def test_any_dtype_and_images_with_no_pixels():
         assert torch.equal(a.data, b.data) and torch.equal(la, lb)
         check((a, la), ds)
     assert all(recycled(images) for images, _ in ours)
+
+
+@pytest.mark.cuda
+def test_recycled_batches_pin_and_reach_the_gpu():
+    ds = Images(40)
+    pinned = list(loader(ds, pin_memory=True))  # the pin thread unpickles and copies them
+    assert all(images.is_pinned() for images, _ in pinned)
+    got = []
+    for images, labels in torchfeed.DevicePrefetcher(loader(ds), "cuda"):
+        assert images.data.is_cuda
+        got.append((images.data.cpu(), labels))
+    plain = list(loader(ds, recycle=False))
+    assert len(got) == len(plain) == len(pinned)
+    for (data, labels), (images, want) in zip(got, plain, strict=True):
+        assert torch.equal(data, images.data) and torch.equal(labels.cpu(), want)
