@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from torchfeed._extension import C
 from torchfeed._resumable import ResumableLoader
 from torchfeed._tree import tensors_of
 from torchfeed.memory._ring_base import check_timeout
+from torchfeed.memory._ring_base import physical_memory as _physical_memory
 from torchfeed.memory._shared_ring import RingHandle, SharedRing
 
 __all__ = ["ResumableLoader", "ZeroCopyLoader", "loader"]
@@ -162,11 +162,6 @@ class ZeroCopyLoader(ResumableLoader):
         # (One iterator per loader at a time, as with persistent workers.)
         ring.reclaim_before(start)
         return _Unpacking(it, ring)
-
-
-def _physical_memory() -> int:
-    # the bound the ring's own check enforces (csrc/memory/fence.cpp); 0 when unknown
-    return int(C.physical_memory()) or 1 << 62
 
 
 class _Unpacking:

@@ -26,6 +26,7 @@ from torch import Tensor
 from torch.utils.data import get_worker_info
 
 from torchfeed._extension import C
+from torchfeed.memory._ring_base import physical_memory
 from torchfeed.memory._shared_ring import SharedRing
 
 __all__ = ["Lent", "lend", "receive"]
@@ -70,7 +71,7 @@ def _ring_for(nbytes: int) -> SharedRing | None:
         _worker_ring, _worker_ring_pid = None, os.getpid()
         if not hasattr(os, "memfd_create"):
             return None
-        most = int(C.physical_memory()) // RING_MEMORY_SHARE or 1 << 62
+        most = physical_memory() // RING_MEMORY_SHARE
         capacity = min(max(nbytes, 1) * RING_BATCHES + 4096 * RING_BATCHES, most)
         try:
             # pinned=False: a worker never touches the GPU; lend never waits, so no timeout
