@@ -85,6 +85,9 @@ def test_images_ordinary_path(benchmark, role, image_samples):
     assert benchmark.pedantic(epoch(make(image_samples, None, False)), rounds=5) == BATCHES
 
 
+PHOTO_BATCHES = 6
+
+
 @pytest.fixture(scope="module")
 def photo_samples():
     # 64 photo-sized images (1.2-1.8 MP, about 290 MB a batch), each sample one of them
@@ -96,31 +99,18 @@ def photo_samples():
     return Precomputed([(base[i % 64], i) for i in range(64 * PHOTO_BATCHES)])
 
 
-PHOTO_BATCHES = 6
-
-
-def plain(ds, recycle):
-    dl = torch.utils.data.DataLoader(
-        ds,
-        batch_size=64,
-        num_workers=2,
-        persistent_workers=True,
-        collate_fn=ImageCollate(0, layout="HWC", recycle=recycle),
-    )
-    epoch(dl)()  # start-up: workers, their memory's first pages
-    return dl
-
-
 def test_photos_recycled(benchmark, role, photo_samples):
     benchmark.group = "DataLoader, 6 batches of 64 photo-sized uint8 images (CPU, 2 workers)"
     role("torchfeed")
-    assert benchmark.pedantic(epoch(plain(photo_samples, True)), rounds=5) == PHOTO_BATCHES
+    collate = ImageCollate(0, layout="HWC", recycle=True)
+    assert benchmark.pedantic(epoch(make(photo_samples, collate, False)), rounds=5) == PHOTO_BATCHES
 
 
 def test_photos_fresh_shared_memory(benchmark, role, photo_samples):
     benchmark.group = "DataLoader, 6 batches of 64 photo-sized uint8 images (CPU, 2 workers)"
     role("baseline")
-    assert benchmark.pedantic(epoch(plain(photo_samples, False)), rounds=5) == PHOTO_BATCHES
+    collate = ImageCollate(0, layout="HWC", recycle=False)
+    assert benchmark.pedantic(epoch(make(photo_samples, collate, False)), rounds=5) == PHOTO_BATCHES
 
 
 def test_tokens_zero_copy(benchmark, role, token_samples):

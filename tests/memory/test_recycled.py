@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import torchfeed
 from torchfeed import ImageCollate, RaggedImages
-from torchfeed.memory import _recycled
+from torchfeed.memory import SharedRing, _recycled
 
 
 class Images(Dataset):
@@ -222,3 +222,15 @@ def test_recycled_batches_pin_and_reach_the_gpu():
     assert len(got) == len(plain) == len(pinned)
     for (data, labels), (images, want) in zip(got, plain, strict=True):
         assert torch.equal(data, images.data) and torch.equal(labels.cpu(), want)
+
+
+def test_lend_checks_its_size_and_never_waits():
+    ring = SharedRing(1 << 16)
+    with pytest.raises(ValueError, match="SharedRing.lend: nbytes must be >= 0, got -1"):
+        ring._ring.lend(-1)
+    assert ring._ring.lend((1 << 16) + 1) == (None, -1, -1)  # larger than the ring
+    held = [ring._ring.lend(1 << 14)[0] for _ in range(4)]
+    assert all(t is not None for t in held)
+    assert ring._ring.lend(1 << 14) == (None, -1, -1)  # full: at once, no wait
+    del held
+    assert ring._ring.lend(1 << 16)[0] is not None  # all four came back (never handed over)
