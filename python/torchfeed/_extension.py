@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["C", "build_info"]
+__all__ = ["C", "build_info", "physical_memory"]
 
 _REBUILD = "rebuild torchfeed against it: pip install --no-build-isolation -e . (or make build)"
 
@@ -61,3 +61,9 @@ def build_info() -> dict[str, Any]:
     info["gpu_name"] = torch.cuda.get_device_name() if info["gpu_available"] else None
     info["gpu_kernels_usable"] = info["cuda_compiled"] and info["gpu_available"]
     return info
+
+
+def physical_memory() -> int:
+    """The machine's memory in bytes, the bound every ring's own check enforces
+    (csrc/memory/fence.cpp); 2**62 when it is unknown."""
+    return int(C.physical_memory()) or 1 << 62

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from torchfeed._extension import physical_memory as _physical_memory
 from torchfeed._resumable import ResumableLoader
 from torchfeed._tree import tensors_of
 from torchfeed.memory._ring_base import check_timeout
-from torchfeed.memory._ring_base import physical_memory as _physical_memory
 from torchfeed.memory._shared_ring import RingHandle, SharedRing
 
 __all__ = ["ResumableLoader", "ZeroCopyLoader", "loader"]

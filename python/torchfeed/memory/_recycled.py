@@ -25,8 +25,7 @@ from typing import Any
 from torch import Tensor
 from torch.utils.data import get_worker_info
 
-from torchfeed._extension import C
-from torchfeed.memory._ring_base import physical_memory
+from torchfeed._extension import C, physical_memory
 from torchfeed.memory._shared_ring import SharedRing
 
 __all__ = ["Lent", "lend", "receive"]

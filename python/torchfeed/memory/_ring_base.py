@@ -11,17 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchfeed._extension import C
-
-__all__ = ["DEFAULT", "RingBase", "check_timeout", "physical_memory", "timeout_arg"]
+__all__ = ["DEFAULT", "RingBase", "check_timeout", "timeout_arg"]
 
 DEFAULT: Any = object()  # a method's timeout when not given: the ring's own
-
-
-def physical_memory() -> int:
-    """The machine's memory in bytes, the bound every ring's own check enforces
-    (csrc/memory/fence.cpp); 2**62 when it is unknown."""
-    return int(C.physical_memory()) or 1 << 62
 
 
 def check_timeout(timeout: float | None, name: str = "timeout") -> float | None:
