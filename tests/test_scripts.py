@@ -81,3 +81,59 @@ def test_the_folder_scripts_refuse_bad_arguments(tmp_path, script, args, match):
     done = run_script(script, *args)
     assert done.returncode == 2
     assert re.search(match, done.stderr), done.stderr
+
+
+def run_shell_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / name), *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_debian_photos_keeps_every_background_and_each_wallpapers_largest(tmp_path):
+    share = tmp_path / "root" / "usr" / "share"
+    files = {
+        "backgrounds/mate/nature/Aqua.jpg": b"aqua",
+        "backgrounds/mate/abstract/Elephants.jpg": b"elephants",
+        "backgrounds/gnome/notes.png": b"not a jpeg",
+        "wallpapers/Kite/contents/screenshot.jpg": b"a preview, not a wallpaper",
+        "wallpapers/Kite/contents/images/640x480.jpg": b"small",
+        "wallpapers/Kite/contents/images/2560x1440.jpg": b"largest",  # 3.7 MP
+        "wallpapers/Kite/contents/images/1920x1920.jpg": b"taller, fewer pixels",  # 3.7 MP - 1
+        "wallpapers/Flow/contents/images_dark/720x1440.jpg": b"dark small",
+        "wallpapers/Flow/contents/images_dark/5120x2880.jpg": b"dark largest",
+        "wallpapers/Volna/contents/images/Volna.jpg": b"no size in its name",
+    }
+    for name, data in files.items():
+        (share / name).parent.mkdir(parents=True, exist_ok=True)
+        (share / name).write_bytes(data)
+    out = tmp_path / "photos"
+    done = run_shell_script("debian_photos.sh", str(out), "--from", str(tmp_path / "root"))
+    assert done.returncode == 0, done.stderr
+    got = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*.jpg")}
+    assert got == {
+        "backgrounds/nature-Aqua.jpg": b"aqua",
+        "backgrounds/abstract-Elephants.jpg": b"elephants",
+        "plasma/Kite.jpg": b"largest",
+        "plasma/Flow_dark.jpg": b"dark largest",
+    }
+    assert "4 JPEGs in" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ([], r"usage: scripts/debian_photos.sh DIR \[--from ROOT\]"),
+        (["{out}", "--form", "{root}"], "usage:"),
+        (["{full}"], r"DIR \(.*full\) exists and is not empty"),
+        (["{out}", "--from", "{missing}"], "--from .*missing holds no unpacked packages"),
+    ],
+)
+def test_debian_photos_refuses_bad_arguments(tmp_path, args, match):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "a.jpg").write_bytes(b"x")
+    names = {"out": "out", "root": "root", "full": "full", "missing": "missing"}
+    args = [a.format(**{k: tmp_path / v for k, v in names.items()}) for a in args]
+    done = run_shell_script("debian_photos.sh", *args)
+    assert done.returncode == 2
+    assert re.search(match, done.stderr), done.stderr
+    assert not (tmp_path / "out").exists()
