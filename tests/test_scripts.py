@@ -19,12 +19,14 @@ from jpeg_cases import needs_window_decoder
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+def run_script(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs scripts/<name>: a shell script with bash, a Python one with this interpreter."""
+    interpreter = "bash" if name.endswith(".sh") else sys.executable
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / name), *args],
+        [interpreter, str(ROOT / "scripts" / name), *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
 
 
@@ -83,12 +85,6 @@ def test_the_folder_scripts_refuse_bad_arguments(tmp_path, script, args, match):
     assert re.search(match, done.stderr), done.stderr
 
 
-def run_shell_script(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", str(ROOT / "scripts" / name), *args], capture_output=True, text=True, timeout=60
-    )
-
-
 def test_debian_photos_keeps_every_background_and_each_wallpapers_largest(tmp_path):
     share = tmp_path / "root" / "usr" / "share"
     files = {
@@ -107,7 +103,7 @@ def test_debian_photos_keeps_every_background_and_each_wallpapers_largest(tmp_pa
         (share / name).parent.mkdir(parents=True, exist_ok=True)
         (share / name).write_bytes(data)
     out = tmp_path / "photos"
-    done = run_shell_script("debian_photos.sh", str(out), "--from", str(tmp_path / "root"))
+    done = run_script("debian_photos.sh", str(out), "--from", str(tmp_path / "root"), timeout=60)
     assert done.returncode == 0, done.stderr
     got = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*.jpg")}
     assert got == {
@@ -133,7 +129,7 @@ def test_debian_photos_refuses_bad_arguments(tmp_path, args, match):
     (tmp_path / "full" / "a.jpg").write_bytes(b"x")
     names = {"out": "out", "root": "root", "full": "full", "missing": "missing"}
     args = [a.format(**{k: tmp_path / v for k, v in names.items()}) for a in args]
-    done = run_shell_script("debian_photos.sh", *args)
+    done = run_script("debian_photos.sh", *args, timeout=60)
     assert done.returncode == 2
     assert re.search(match, done.stderr), done.stderr
     assert not (tmp_path / "out").exists()
