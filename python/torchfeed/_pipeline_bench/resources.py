@@ -114,9 +114,12 @@ class ProcessTreeMeter:
     A sample is not free: the kernel walks every mapping of a process to sum its Pss (about
     17 ms for a process that has imported a CUDA build of torch), and three such processes
     sampled every 0.1 s took a quarter of one of this machine's two cores, inside the main
-    process, from the pipeline it measured. So the meter waits at least ``interval`` and long enough
-    between samples to spend at most ``budget`` of one core, and counts the CPU time it spends
-    (``cpu_seconds``) so that the caller can leave it out of the pipeline's."""
+    process, from the pipeline it measured. So the meter waits at least ``interval`` between
+    samples, and starts one only while what it has spent since ``start()`` is within ``budget`` of
+    one core over the time since then (paced on the total, not on the last sample: a sample's cost
+    moves with the load, and pacing on the last one overspends whenever the next costs more). It
+    counts the CPU time it spends (``cpu_seconds``, and ``longest_sample``) so that the caller can
+    leave it out of the pipeline's."""
 
     def __init__(self, interval: float = 0.1, budget: float = 0.05) -> None:
         self.interval = interval
@@ -124,6 +127,8 @@ class ProcessTreeMeter:
         self.peak: int | None = None
         self.before: int | None = None
         self.cpu_seconds = 0.0
+        self.longest_sample = 0.0
+        self._started = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -131,6 +136,7 @@ class ProcessTreeMeter:
     def start(self) -> ProcessTreeMeter:
         if not supported():
             return self
+        self._started = time.monotonic()
         self.peak = self.before = self._measure()
         self._thread = threading.Thread(target=self._run, name="torchfeed-bench-meter", daemon=True)
         self._thread.start()
@@ -140,7 +146,9 @@ class ProcessTreeMeter:
         with self._lock:
             start = time.thread_time()  # this thread's CPU, the kernel's time on its behalf too
             pss = tree_pss_bytes()
-            self.cpu_seconds += time.thread_time() - start
+            spent = time.thread_time() - start
+            self.cpu_seconds += spent
+            self.longest_sample = max(self.longest_sample, spent)
         return pss
 
     def cpu_and_metering(self) -> tuple[float, float]:
@@ -151,12 +159,14 @@ class ProcessTreeMeter:
             return tree_cpu_seconds(), self.cpu_seconds
 
     def _run(self) -> None:
-        wait = self.interval
-        while not self._stop.wait(wait):
-            before = self.cpu_seconds
+        while not self._stop.wait(self._until_next()):
             self.sample()
-            spent = self.cpu_seconds - before
-            wait = max(self.interval, spent / self.budget - spent)
+
+    def _until_next(self) -> float:
+        """Seconds to wait before the next sample: ``interval``, or longer while the CPU spent
+        so far is over ``budget`` of the time since ``start()``."""
+        elapsed = time.monotonic() - self._started
+        return max(self.interval, self.cpu_seconds / self.budget - elapsed)
 
     def sample(self) -> None:
         if self.peak is not None:
