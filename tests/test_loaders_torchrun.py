@@ -76,7 +76,8 @@ def test_elastic_resume_in_lockstep_reads_the_rest_once(tmp_path, kind, before, 
     all_reduce, so an extra batch on one rank would hang the job into its timeout), and reads
     the rest of the epoch once, but for what the docs say is repeated or left out."""
     torchrun(tmp_path, before, kind, "head", "--every", "4", "--stop", "4")
-    torchrun(tmp_path, after, kind, "tail", "--resume", str(tmp_path / "ckpt-head-rank0.pt"))
+    ckpt = str(tmp_path / "ckpt-head-rank0.pt")
+    torchrun(tmp_path, after, kind, "tail", "--resume", ckpt, "--next")
     steps = json.loads((tmp_path / "steps-tail.json").read_text())
     assert len(steps) == after and len(set(steps)) == 1  # lockstep: the same count everywhere
     read = ids(seen(tmp_path, "head", before)) + ids(seen(tmp_path, "tail", after))

@@ -5,7 +5,10 @@ the others waits in it until the process group's timeout fails the job), and rec
 read; saves its loader's checkpoint every `every` steps; stops, crashes (SIGKILL) or resumes as
 told.
 
-    dist_resume.py OUT KIND ACTION [--every N] [--stop N] [--crash N] [--resume FILE]
+    dist_resume.py OUT KIND ACTION [--every N] [--stop N] [--crash N] [--resume FILE] [--next]
+
+With --next it then counts the next epoch's batches on every rank (a second loader, whose
+spawned workers cost each rank a few CPU seconds more: only the runs whose test reads it ask).
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ def main() -> None:
     p.add_argument("--stop", type=int, default=-1)
     p.add_argument("--crash", type=int, default=-1)
     p.add_argument("--resume", default=None)
+    p.add_argument("--next", action="store_true")
     args = p.parse_args()
     # A rank waits in a collective at most this long for the others. CI runs this on two busy
     # cores next to other tests (one run there timed out at 60 s); the test's own limit is 300 s.
@@ -114,13 +118,13 @@ def main() -> None:
     if rank == 0:
         (out / f"steps-{args.tag}.json").write_text(json.dumps([int(s) for s in steps]))
     log.close()
-    # the next epoch on this world: its batches per rank (balanced again)
-    nxt = build(args.kind, EPOCH + 1)
-    counts = torch.tensor([sum(1 for _ in nxt)], dtype=torch.int64)
-    everyone = [torch.zeros_like(counts) for _ in range(world)]
-    dist.all_gather(everyone, counts)
-    if rank == 0:
-        (out / f"next-{args.tag}.json").write_text(json.dumps([int(c) for c in everyone]))
+    if args.next:  # the next epoch on this world: its batches per rank (balanced again)
+        nxt = build(args.kind, EPOCH + 1)
+        counts = torch.tensor([sum(1 for _ in nxt)], dtype=torch.int64)
+        everyone = [torch.zeros_like(counts) for _ in range(world)]
+        dist.all_gather(everyone, counts)
+        if rank == 0:
+            (out / f"next-{args.tag}.json").write_text(json.dumps([int(c) for c in everyone]))
     dist.destroy_process_group()
 
 
