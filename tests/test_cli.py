@@ -14,6 +14,7 @@ import torch
 
 from torchfeed._pil import encode_jpeg
 from torchfeed._pipeline_bench.dataset import list_image_folder, synthetic_image
+from torchfeed.cli import main
 
 QUICK = [
     "--quick",
@@ -42,6 +43,27 @@ def run_cli(*args: str, cache: Path | None = None, **env_vars: str) -> subproces
         timeout=600,
         env=env,
     )
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """``torchfeed ...`` run in this process: what fails on its arguments, and the doctor, which
+    only reads. A subprocess of its own imports torch and torchfeed again, several seconds of CPU
+    each (the bench runs above and below keep going through ``python -m torchfeed``)."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # the doctor's advice depends on it
+
+    def run(*args: str, **env_vars: str) -> subprocess.CompletedProcess:
+        with monkeypatch.context() as env:
+            for name, value in env_vars.items():
+                env.setenv(name, value)
+            try:
+                code = main(list(args))
+            except SystemExit as stop:  # argparse's errors, and the bench's
+                code = stop.code
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["torchfeed", *args], code, out.out, out.err)
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -171,21 +193,21 @@ def test_bench_on_a_folder_with_a_corrupt_file(tmp_path):
         (["--suite", "audio"], "--suite takes 'images', 'text' or both"),
     ],
 )
-def test_bench_bad_options(args, message):
-    result = run_cli("bench", *args)
+def test_bench_bad_options(args, message, cli):
+    result = cli("bench", *args)
     assert result.returncode == 2
     assert message in result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
-def test_bench_cuda_without_gpu():
-    result = run_cli("bench", "--device", "cuda")
+def test_bench_cuda_without_gpu(cli):
+    result = cli("bench", "--device", "cuda")
     assert result.returncode == 2 and "no CUDA GPU is usable" in result.stderr
 
 
-def test_doctor():
+def test_doctor(cli):
     workers = str(os.cpu_count())  # as many workers as CPUs, whatever the machine
-    result = run_cli("doctor", "--workers", workers, "--batch-mb", "1000000")
+    result = cli("doctor", "--workers", workers, "--batch-mb", "1000000")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "torchfeed doctor" in out and "CPU kernels:" in out and "/dev/shm" in out
@@ -193,7 +215,7 @@ def test_doctor():
     assert "smaller than the batches in flight" in out  # workers x 2 x 1 TB
     assert "crop-window JPEG decoding (torchfeed.decode):" in out
     assert "OMP_WAIT_POLICY=PASSIVE" in out  # the workers + the main process's threads
-    passive = run_cli("doctor", "--workers", workers, OMP_WAIT_POLICY="PASSIVE")
+    passive = cli("doctor", "--workers", workers, OMP_WAIT_POLICY="PASSIVE")
     assert passive.returncode == 0 and "OMP_WAIT_POLICY" not in passive.stdout
 
 
@@ -205,10 +227,10 @@ def _folder_of_jpegs(root: Path, shapes) -> Path:
     return root
 
 
-def test_doctor_reads_the_users_images(tmp_path):
+def test_doctor_reads_the_users_images(tmp_path, cli):
     photos = _folder_of_jpegs(tmp_path / "photos", [(1500, 2000), (2448, 3264), (1600, 1200)])
     (photos / "class_0" / "broken.jpg").write_bytes(b"not a jpeg")
-    out = run_cli("doctor", "--data", str(photos), "--batch-size", "32")
+    out = cli("doctor", "--data", str(photos), "--batch-size", "32")
     assert out.returncode == 0, out.stderr
     text = out.stdout
     # the median of 3.00, 8.00 and 1.92 MP; the progressive one counted; the broken one named
@@ -228,13 +250,13 @@ def test_doctor_reads_the_users_images(tmp_path):
         assert "no GPU: run the fused transform in the workers" in text
     assert "1 of the 3 sampled are progressive JPEGs" in text and "jpegtran" in text
     # a bigger output: the crop is fewer times the output, a smaller reduction
-    assert "about 1/2" in run_cli("doctor", "--data", str(photos), "--size", "512").stdout
+    assert "about 1/2" in cli("doctor", "--data", str(photos), "--size", "512").stdout
     # crops 8x the output: the progressive file loses its unread scans, nothing to re-encode
-    eighth = run_cli("doctor", "--data", str(photos), "--size", "128").stdout
+    eighth = cli("doctor", "--data", str(photos), "--size", "128").stdout
     assert "about 1/8" in eighth and "leaves out the scans it never reads" in eighth
     assert "jpegtran" not in eighth
     small = _folder_of_jpegs(tmp_path / "small", [(300, 400), (500, 375), (320, 480)])
-    text = run_cli("doctor", "--data", str(small)).stdout
+    text = cli("doctor", "--data", str(small)).stdout
     assert "median 0.15 MP" in text
     assert "DecodeRandomCrop(size=" not in text and "MB per batch" not in text
     assert "your_eval_compose" not in text  # a 300 px square: nothing to reduce
@@ -242,8 +264,8 @@ def test_doctor_reads_the_users_images(tmp_path):
     assert "progressive JPEGs" in text  # whatever their size
 
 
-def test_doctor_data_errors(tmp_path):
-    missing = run_cli("doctor", "--data", str(tmp_path / "nowhere"))
+def test_doctor_data_errors(tmp_path, cli):
+    missing = cli("doctor", "--data", str(tmp_path / "nowhere"))
     assert (
         missing.returncode == 2
         and "--data:" in missing.stderr
@@ -251,12 +273,12 @@ def test_doctor_data_errors(tmp_path):
     )
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "x.jpg").write_bytes(b"junk")
-    unreadable = run_cli("doctor", "--data", str(tmp_path / "bad"))
+    unreadable = cli("doctor", "--data", str(tmp_path / "bad"))
     assert (
         unreadable.returncode == 2
         and "none of the 1 files sampled is readable" in unreadable.stderr
     )
-    size = run_cli("doctor", "--size", "0")
+    size = cli("doctor", "--size", "0")
     assert size.returncode == 2 and "--size must be >= 1" in size.stderr
 
 
@@ -278,7 +300,7 @@ def test_bench_large_uses_the_photo_sized_variant(tmp_path):
     assert 0 < payload["agreement"]["eval_scaled_mean_abs_diff"] < 0.2
 
 
-def test_bench_large_does_not_go_with_data(tmp_path):
-    result = run_cli("bench", "--large", "--data", str(tmp_path), "--no-progress")
+def test_bench_large_does_not_go_with_data(tmp_path, cli):
+    result = cli("bench", "--large", "--data", str(tmp_path), "--no-progress")
     assert result.returncode == 2
     assert "--large chooses the built-in dataset's variant" in result.stderr

@@ -4,11 +4,13 @@ with the argument's name."""
 from __future__ import annotations
 
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from torchvision.transforms.v2 import functional as TF
 
 from torchfeed._pil import encode_jpeg
@@ -28,6 +30,24 @@ def run_script(name: str, *args: str, timeout: float = 300) -> subprocess.Comple
         text=True,
         timeout=timeout,
     )
+
+
+def run_script_here(capsys, monkeypatch, name: str, *args: str) -> subprocess.CompletedProcess:
+    """Runs scripts/<name> (Python) in this process, for what fails on its arguments: a
+    subprocess of its own imports torch and torchfeed again, several seconds of CPU each. The
+    thread count the scripts set is put back."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    monkeypatch.setattr(sys, "argv", [name, *args])
+    threads = torch.get_num_threads()
+    try:
+        runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess([name, *args], code, out.out, out.err)
 
 
 @needs_window_decoder
@@ -77,10 +97,12 @@ def test_reduced_decode_effect_measures_both_transforms(tmp_path):
         ]
     ],
 )
-def test_the_folder_scripts_refuse_bad_arguments(tmp_path, script, args, match):
+def test_the_folder_scripts_refuse_bad_arguments(
+    tmp_path, capsys, monkeypatch, script, args, match
+):
     (tmp_path / "empty").mkdir()
     args = [a.format(missing=tmp_path / "missing", empty=tmp_path / "empty") for a in args]
-    done = run_script(script, *args)
+    done = run_script_here(capsys, monkeypatch, script, *args)
     assert done.returncode == 2
     assert re.search(match, done.stderr), done.stderr
 
