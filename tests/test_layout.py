@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import subprocess
 import sys
 from functools import cache
 from pathlib import Path
@@ -273,3 +274,30 @@ def test_no_attribute_of_a_package_shadows_one_of_its_modules(package):
         assert getattr(pkg, leaf) is sys.modules[name], (
             f"{package}.{leaf} is {getattr(pkg, leaf)!r}, not the module {name}"
         )
+
+
+def test_import_torchfeed_leaves_torchvision_until_an_image_name_is_asked_for():
+    """`import torchfeed` (in every spawned worker too) does not import torchvision, which takes
+    longer than the rest of torchfeed (torchvision.models imports torch._dynamo); the transforms,
+    `torchfeed.decode` and `torchfeed.sampling` import it when first asked for, and a bare
+    `import torchfeed` still reaches them."""
+    code = """
+import sys, torchfeed
+assert "torchvision" not in sys.modules, "import torchfeed imported torchvision"
+assert {"fuse", "transforms", "decode", "sampling"} <= set(dir(torchfeed))
+t = torchfeed.RandomResizedCropFlipNormalize(8, mean=0.5, std=0.5)
+assert "torchvision" in sys.modules
+assert torchfeed.fuse is sys.modules["torchfeed.transforms"].fuse
+assert torchfeed.decode.read_file is sys.modules["torchfeed.decode"].read_file
+from torchfeed import *
+assert ResizeCenterCropNormalize is torchfeed.transforms.ResizeCenterCropNormalize
+try:
+    torchfeed.no_such_name
+except AttributeError as e:
+    assert "no attribute 'no_such_name'" in str(e)
+else:
+    raise AssertionError("no AttributeError")
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

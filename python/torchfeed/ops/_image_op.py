@@ -8,11 +8,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
-from torchvision.transforms.v2 import InterpolationMode
 
 from torchfeed._options import check_bool
 from torchfeed._output_buffer import OutputBuffer
@@ -20,6 +19,9 @@ from torchfeed._packing import Layout, check_layout
 from torchfeed.images import RaggedImages
 from torchfeed.limits import check_image_pixels
 from torchfeed.ops._dispatch import has_kernel, warn_fallback
+
+if TYPE_CHECKING:  # torchvision is imported where a transform needs it, not by `import torchfeed`
+    from torchvision.transforms.v2 import InterpolationMode
 
 __all__ = [
     "KERNEL_OPS",
@@ -137,12 +139,20 @@ def check_flips(flips: Any, batch: int, device: torch.device) -> Tensor:
     return flips
 
 
-_INTERPOLATION = {
-    "nearest": 0,
-    "bilinear": 1,
-    InterpolationMode.NEAREST: 0,
-    InterpolationMode.BILINEAR: 1,
-}
+_INTERPOLATION = {"nearest": 0, "bilinear": 1}
+
+
+def _interpolation_code(value: object) -> int | None:
+    """The op's code for "nearest" or "bilinear", or torchvision's InterpolationMode of either;
+    None for anything else. (Only a caller that passes a non-string has torchvision imported
+    here: it had to import it to get the enum.)"""
+    if isinstance(value, str):
+        return _INTERPOLATION.get(value)
+    from torchvision.transforms.v2 import InterpolationMode
+
+    return _INTERPOLATION.get(value.value) if isinstance(value, InterpolationMode) else None
+
+
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 KERNEL_OPS = (
     "crop_flip_normalize_out",
@@ -228,13 +238,11 @@ class ImageOptions:
         for c, s in enumerate(self.std):  # type: ignore[arg-type]  # a tuple, after the above
             if s == 0:
                 raise ValueError(f"std[{c}] is 0: normalize would divide by zero")
-        try:
-            _INTERPOLATION[self.interpolation]
-        except (KeyError, TypeError):
+        if _interpolation_code(self.interpolation) is None:
             raise ValueError(
                 f"interpolation must be 'bilinear' or 'nearest' (or the InterpolationMode), got "
                 f"{self.interpolation!r}"
-            ) from None
+            )
         check_bool("antialias", self.antialias)
         if self.dtype not in _OUT_DTYPES:
             raise TypeError(
@@ -246,7 +254,7 @@ class ImageOptions:
     @property
     def mode(self) -> int:
         """The op's interpolation code."""
-        return _INTERPOLATION[self.interpolation]
+        return cast(int, _interpolation_code(self.interpolation))
 
     def per_channel(self, channels: int) -> tuple[list[float], list[float]]:
         """mean and std with one value per channel."""

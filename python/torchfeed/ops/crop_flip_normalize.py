@@ -19,10 +19,10 @@ torchvision applied to the image converted to float first, the difference is flo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from torchvision.transforms.v2 import InterpolationMode
 
 from torchfeed._packing import Layout
 from torchfeed.images import RaggedImages
@@ -38,6 +38,9 @@ from torchfeed.ops._image_op import (
     run,
     size_pair,
 )
+
+if TYPE_CHECKING:  # torchvision is imported where a transform needs it, not by `import torchfeed`
+    from torchvision.transforms.v2 import InterpolationMode
 
 __all__ = ["crop_flip_normalize", "resize_center_crop_normalize"]
 
