@@ -1,6 +1,10 @@
-"""Shared test helpers: dtypes, devices, exact comparisons, random data."""
+"""Shared test helpers: dtypes, devices, exact comparisons, random data, commands run in the
+test process."""
 
 from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -53,3 +57,17 @@ def random_values(shape, dtype, generator=None) -> torch.Tensor:
     hi = 100 if dtype != torch.uint8 else 250
     lo = 0 if dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64) else -100
     return torch.randint(lo, hi, shape, generator=generator).to(dtype)
+
+
+def run_in_process(
+    capsys, command: Sequence[str], call: Callable[[], int | None]
+) -> subprocess.CompletedProcess:
+    """``call()`` (a command's entry point, run in this process: a subprocess would import torch
+    and torchfeed again, several seconds of CPU) as a finished process: its return value or
+    ``SystemExit`` code (None: 0) and what it printed, as ``subprocess.run`` would give them."""
+    try:
+        code = call()
+    except SystemExit as stop:  # argparse's errors, and the commands' own
+        code = stop.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(list(command), code or 0, out.out, out.err)

@@ -16,6 +16,8 @@ from torchfeed._pil import encode_jpeg
 from torchfeed._pipeline_bench.dataset import list_image_folder, synthetic_image
 from torchfeed.cli import main
 
+from helpers import run_in_process
+
 QUICK = [
     "--quick",
     "--images",
@@ -56,12 +58,7 @@ def cli(capsys, monkeypatch):
         with monkeypatch.context() as env:
             for name, value in env_vars.items():
                 env.setenv(name, value)
-            try:
-                code = main(list(args))
-            except SystemExit as stop:  # argparse's errors, and the bench's
-                code = stop.code
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(["torchfeed", *args], code, out.out, out.err)
+            return run_in_process(capsys, ["torchfeed", *args], lambda: main(list(args)))
 
     return run
 

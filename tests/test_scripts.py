@@ -16,6 +16,7 @@ from torchvision.transforms.v2 import functional as TF
 from torchfeed._pil import encode_jpeg
 from torchfeed._pipeline_bench.dataset import synthetic_image
 
+from helpers import run_in_process
 from jpeg_cases import needs_window_decoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,16 +39,15 @@ def run_script_here(capsys, monkeypatch, name: str, *args: str) -> subprocess.Co
     thread count the scripts set is put back."""
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     monkeypatch.setattr(sys, "argv", [name, *args])
+
+    def script() -> None:
+        runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
+
     threads = torch.get_num_threads()
     try:
-        runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
-        code = 0
-    except SystemExit as stop:
-        code = stop.code
+        return run_in_process(capsys, [name, *args], script)
     finally:
         torch.set_num_threads(threads)
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess([name, *args], code, out.out, out.err)
 
 
 @needs_window_decoder
