@@ -377,6 +377,8 @@ def call(images=None, boxes=None, flips=None, size=8, **kw):
         (dict(dtype=torch.float64), TypeError, "dtype must be torch.float32, torch.float16 or torch.bfloat16"),
         (dict(dtype=torch.uint8), TypeError, "dtype must be"),
         (dict(interpolation="bicubic"), ValueError, "interpolation must be 'bilinear' or 'nearest'"),
+        (dict(interpolation=v2.InterpolationMode.BICUBIC), ValueError, "interpolation must be .* got <InterpolationMode.BICUBIC"),
+        (dict(interpolation=1), ValueError, "interpolation must be .* got 1$"),
         (dict(image_layout="CWH"), ValueError, "image_layout must be 'CHW' or 'HWC'"),
         (dict(out=torch.empty(2, 3, 8, 9)), ValueError, r"out must be a float32/float16/bfloat16 tensor of shape \[2, 3, 8, 8\]"),
     ],
@@ -384,6 +386,15 @@ def call(images=None, boxes=None, flips=None, size=8, **kw):
 def test_bad_input(kwargs, error, match):
     with pytest.raises(error, match=match):
         call(**kwargs)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_torchvisions_interpolation_mode_is_its_string(mode):
+    flips = torch.tensor([True, False])
+    enum = call(flips=flips, interpolation=v2.InterpolationMode(mode))
+    assert torch.equal(enum, call(flips=flips, interpolation=mode))
+    other = "bilinear" if mode == "nearest" else "nearest"
+    assert not torch.equal(enum, call(flips=flips, interpolation=other))  # the mode is used
 
 
 def test_parameters_on_another_device():
