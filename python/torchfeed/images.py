@@ -193,11 +193,13 @@ def _received(
     slot: int,
     generation: int,
     nbytes: int,
+    owner: int,
     dtype: torch.dtype,
     shapes: tuple[tuple[int, int, int], ...],
     layout: Layout,
 ) -> RaggedImages:
-    return RaggedImages(_recycled.receive(fd, slot, generation, nbytes).view(dtype), shapes, layout)
+    data = _recycled.receive(fd, slot, generation, nbytes, owner).view(dtype)
+    return RaggedImages(data, shapes, layout)
 
 
 ForkingPickler.register(RaggedImages, _reduce_for_queue)

@@ -234,3 +234,83 @@ def test_lend_checks_its_size_and_never_waits():
     assert ring._ring.lend(1 << 14) == (None, -1, -1)  # full: at once, no wait
     del held
     assert ring._ring.lend(1 << 16)[0] is not None  # all four came back (never handed over)
+
+
+class CountingAttach:
+    """_recycled.C with its ring's attach counted (the mappings this process makes)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        real = _recycled.C
+
+        class Ring:
+            @staticmethod
+            def attach(fd):
+                self.calls += 1
+                return real._SharedRing.attach(fd)
+
+        monkeypatch.setattr(_recycled, "C", type("C", (), {"_SharedRing": Ring}))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_workers_ring_is_mapped_once_while_the_worker_lives(monkeypatch, workers):
+    counting = CountingAttach(monkeypatch)
+    ds = Images(48)
+    dl = loader(ds, num_workers=workers, persistent_workers=True)
+    for _ in range(2):
+        for batch in dl:  # each batch freed before the next: no view keeps a mapping alive
+            check(batch, ds)
+            assert recycled(batch[0])
+    # 24 batches over two epochs; mapping each worker's ring anew per batch made 24 mappings
+    assert counting.calls == workers
+    del batch, dl
+    gc.collect()
+
+
+class Pids(Dataset):
+    """Images labelled with the pid of the worker that made them."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return Images()[i][0], os.getpid()
+
+
+def owners():
+    return {owner for _, owner in _recycled._mappings.rings.values()}
+
+
+def test_a_mapping_goes_once_its_worker_has_exited(monkeypatch):
+    monkeypatch.setattr(_recycled._Mappings, "CHECK_EVERY", 0.0)
+    it = iter(loader(Pids()))
+    kept = [next(it), next(it)]  # one batch from each of the two workers
+    workers = {int(p) for _, pids in kept for p in pids}
+    assert len(workers) == 2 and workers <= owners()  # kept while the workers live
+    kept += list(it)  # exhausted: the workers (not persistent) have exited
+    gc.collect()  # the collector's callback finds them gone
+    assert not workers & owners()
+    assert (_recycled._mappings._collected in gc.callbacks) == bool(owners())
+    ds = Images()
+    for b, (images, _) in enumerate(kept):  # the batches keep the memory they view
+        assert recycled(images)
+        for k, image in enumerate(images.images()):
+            assert torch.equal(image, ds[4 * b + k][0].permute(2, 0, 1))
+
+
+def test_a_forked_child_keeps_none_of_its_parents_mappings():
+    ds = Images(16)
+    dl = loader(ds, num_workers=1, persistent_workers=True)
+    kept = list(dl)
+    assert _recycled._mappings.rings
+    ctx = torch.multiprocessing.get_context("fork")
+    child = ctx.Process(target=_exit_with_mappings_count)
+    child.start()
+    child.join()
+    assert child.exitcode == 0
+    del kept, dl
+    gc.collect()
+
+
+def _exit_with_mappings_count():
+    os._exit(len(_recycled._mappings.rings) + (_recycled._mappings._collected in gc.callbacks))
