@@ -48,7 +48,10 @@ class ImageCollate:
     shared memory each worker reuses, batch after batch, rather than a fresh shared-memory file
     per batch: the main process gets a batch viewing it, and the memory goes back to the worker
     when that batch is freed. The pages a worker has written stay allocated for reuse (at most
-    about the batches it has in flight at once); ``recycle=False`` gives the ordinary path."""
+    about the batches it has in flight at once), and the main process keeps them mapped while
+    the worker lives, so reading the next batch faults nothing in (its resident size counts
+    them; they are the worker's memory, not a copy); ``recycle=False`` gives the ordinary
+    path."""
 
     def __init__(
         self,
