@@ -129,10 +129,19 @@ def test_tokens_zero_copy(benchmark, role, token_samples):
     assert benchmark.pedantic(epoch(make(token_samples, collate, True)), rounds=5) == BATCHES
 
 
+def test_tokens_recycled(benchmark, role, token_samples):
+    benchmark.group = "loader 16 padded token batches of 64 (CPU, 2 workers)"
+    role("torchfeed")
+    # an ordinary DataLoader: PadCollate writes each batch into its worker's reused memory
+    collate = PadCollate({"input_ids": 0}, masks={"input_ids": "attention_mask"})
+    assert benchmark.pedantic(epoch(make(token_samples, collate, False)), rounds=5) == BATCHES
+
+
 def test_tokens_ordinary_path(benchmark, role, token_samples):
     benchmark.group = "loader 16 padded token batches of 64 (CPU, 2 workers)"
     role("baseline")
-    collate = PadCollate({"input_ids": 0}, masks={"input_ids": "attention_mask"})
+    # a fresh shared-memory file per tensor of every batch, as default_collate's
+    collate = PadCollate({"input_ids": 0}, masks={"input_ids": "attention_mask"}, recycle=False)
     assert benchmark.pedantic(epoch(make(token_samples, collate, False)), rounds=5) == BATCHES
 
 

@@ -71,3 +71,23 @@ def run_in_process(
         code = stop.code
     out = capsys.readouterr()
     return subprocess.CompletedProcess(list(command), code or 0, out.out, out.err)
+
+
+def text_sample(i: int, longest: int = 11, label_lists: bool = False) -> dict:
+    """Sample ``i`` of a text dataset: ragged ``input_ids`` and ``labels`` of 0 to ``longest``
+    tokens (``labels`` as a tokenizer's list with ``label_lists``), a fixed-shape tensor, numbers,
+    a string and None."""
+    g = torch.Generator().manual_seed(i)
+    n = int(torch.randint(0, longest + 1, (), generator=g))
+    ids = torch.randint(0, 50, (n,), generator=g)
+    labels = torch.randint(0, 50, (n,), generator=g)
+    return {
+        "input_ids": ids,
+        "labels": labels.tolist() if label_lists else labels,
+        "image": torch.randn(3, 4, 4, generator=g),
+        "label": i % 3,
+        "weight": 0.5 * i,
+        "flag": bool(i % 2),
+        "text": f"sample {i}",
+        "meta": None,
+    }

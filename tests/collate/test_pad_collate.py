@@ -12,20 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from torchfeed import PadCollate, Padded, RaggedBatch
 
-
-def text_sample(i: int) -> dict:
-    g = torch.Generator().manual_seed(i)
-    n = int(torch.randint(0, 12, (), generator=g))
-    return {
-        "input_ids": torch.randint(0, 50, (n,), generator=g),
-        "labels": torch.randint(0, 50, (n,), generator=g),
-        "image": torch.randn(3, 4, 4, generator=g),
-        "label": i % 3,
-        "weight": 0.5 * i,
-        "flag": bool(i % 2),
-        "text": f"sample {i}",
-        "meta": None,
-    }
+from helpers import text_sample
 
 
 def test_dicts_mixed_fields():
@@ -193,6 +180,7 @@ def test_dataloader_packed_with_workers():
             "no effect with packed=True",
         ),
         (dict(ragged=["a"], packed=1), TypeError, "packed must be a bool"),
+        (dict(ragged=["a"], recycle="yes"), TypeError, "recycle must be a bool"),
         (dict(pad_value=None), TypeError, "pad_value must be a number"),
     ],
 )

@@ -135,19 +135,39 @@ def test_from_tokenizer_errors():
         PadCollate.from_tokenizer(Tokenizer())([{"ids": [1]}])
 
 
+class Tokenized(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return {"input_ids": list(range(1, 2 + i % 4)), "label": i}
+
+
 def test_from_tokenizer_in_dataloader_workers():
-    class Tokenized(torch.utils.data.Dataset):
-        def __len__(self):
-            return 10
-
-        def __getitem__(self, i):
-            return {"input_ids": list(range(1, 2 + i % 4)), "label": i}
-
     loader = DataLoader(Tokenized(), batch_size=4, num_workers=2,
                         collate_fn=PadCollate.from_tokenizer(Tokenizer()))  # fmt: skip
     batches = list(loader)
     assert [b["input_ids"].shape[0] for b in batches] == [4, 4, 2]
     assert batches[0]["attention_mask"].sum(1).tolist() == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_from_tokenizer_recycles_worker_memory(packed):
+    def batches(recycle):
+        collate = PadCollate.from_tokenizer(Tokenizer(), packed=packed, recycle=recycle)
+        return list(DataLoader(Tokenized(), batch_size=4, num_workers=2, collate_fn=collate))
+
+    for ours, plain in zip(batches(True), batches(False), strict=True):
+        assert type(ours) is dict and ours.keys() == plain.keys()
+        for key, value in plain.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(ours[key], value) and ours[key].dtype == value.dtype, key
+                # recycled: viewing the worker's memory, not a torch shared-memory file
+                assert not ours[key].is_shared() and value.is_shared(), key
+            else:
+                assert ours[key] == value, key
+    with pytest.raises(TypeError, match="recycle must be a bool"):
+        PadCollate.from_tokenizer(Tokenizer(), packed=packed, recycle=None)
 
 
 # Against transformers' own collators, where transformers is installed.

@@ -19,7 +19,7 @@ from torchfeed.collate._fields import (
     is_sequence,
 )
 from torchfeed.collate._tokenizer import FlatteningCollate, TokenizerCollate
-from torchfeed.memory import SharedRing
+from torchfeed.memory import SharedRing, _recycled
 from torchfeed.ops._pad import PadOptions, PadValue, Side, pad_with
 from torchfeed.ragged import RaggedBatch
 
@@ -58,6 +58,14 @@ class PadCollate:
     Padding options (``padding_side``, ``pad_to_multiple_of``, ``max_length``,
     ``truncation_side``) apply to every ragged field. Picklable, so it runs in DataLoader
     workers. :meth:`from_tokenizer` gives the collate of a Hugging Face tokenizer's outputs.
+
+    In an ordinary DataLoader's workers, ``recycle=True`` (the default) writes a batch of dict
+    samples into shared memory each worker reuses, batch after batch, instead of a fresh
+    shared-memory file per tensor: the main process gets a plain dict whose tensors view that
+    memory, which goes back to the worker once they are freed (as
+    :class:`~torchfeed.ImageCollate` does). When the consumer keeps many batches, or the batch is
+    changed in the worker after this collate, it takes the ordinary path; ``recycle=False``
+    always does.
     """
 
     def __init__(
@@ -72,10 +80,13 @@ class PadCollate:
         max_length: int | None = None,
         truncation_side: Side | None = None,
         packed: bool = False,
+        recycle: bool = True,
         shared_ring: SharedRing | None = None,
     ) -> None:
         # a torchfeed.SharedRing: inside DataLoader workers, batches are collated into it
         self.shared_ring = shared_ring
+        check_bool("recycle", recycle)
+        self.recycle = recycle
         self.auto = ragged is None  # the ragged fields found from what each field is
         if ragged is None:
             self.ragged: dict[Key, PadValue] = {}
@@ -136,6 +147,7 @@ class PadCollate:
         label_pad: int = LABEL_PAD,
         packed: bool = False,
         flash_attn_kwargs: bool = True,
+        recycle: bool = True,
     ) -> TokenizerCollate | FlatteningCollate:
         """The collate of a Hugging Face tokenizer's outputs (duck-typed: ``pad_token_id``,
         ``padding_side``, ``pad_token_type_id``, ``model_input_names``), with transformers'
@@ -149,13 +161,16 @@ class PadCollate:
           tokens, ``position_ids`` restarting at 0, ``labels`` with -100 at each sample's first
           token; ``cu_seq_lens_q/k`` and ``max_length_q/k`` with ``flash_attn_kwargs``)
           (:class:`FlatteningCollate`).
+
+        ``recycle``: in an ordinary DataLoader's workers, each batch is written into shared
+        memory the worker reuses, as :class:`PadCollate` does.
         """
         check_bool("packed", packed)
         if packed:
             if pad_to_multiple_of is not None:
                 raise ValueError("pad_to_multiple_of has no effect with packed=True (no padding)")
-            return FlatteningCollate(tokenizer, label_pad, flash_attn_kwargs)
-        return TokenizerCollate(tokenizer, pad_to_multiple_of, label_pad)
+            return FlatteningCollate(tokenizer, label_pad, flash_attn_kwargs, recycle=recycle)
+        return TokenizerCollate(tokenizer, pad_to_multiple_of, label_pad, recycle=recycle)
 
     def with_shared_ring(self, shared_ring: SharedRing | None) -> PadCollate:
         """A copy of this collate that packs its batches into ``shared_ring`` inside DataLoader
@@ -221,9 +236,13 @@ class PadCollate:
         )
 
     def __call__(self, batch: Sequence[Any]) -> Any:
-        if self.shared_ring is not None and get_worker_info() is not None:
-            # fixed fields in private memory: the ring replaces the worker's shared memory
-            return self.shared_ring.pack(self._collate(batch, private=True))
+        if get_worker_info() is not None:
+            if self.shared_ring is not None:
+                # fixed fields in private memory: the ring replaces the worker's shared memory
+                return self.shared_ring.pack(self._collate(batch, private=True))
+            if self.recycle and batch and isinstance(batch[0], Mapping):
+                # a dict batch: all of it copied once into the worker's reused shared memory
+                return _recycled.recycle_dict(self._collate(batch, private=True))
         return self._collate(batch, private=False)
 
     def _collate(self, batch: Sequence[Any], private: bool) -> Any:

@@ -16,7 +16,7 @@ from torch.utils.data import get_worker_info
 
 from torchfeed._options import check_bool
 from torchfeed.collate._fields import LABEL_PAD, as_sequences, collate_field, is_sequence
-from torchfeed.memory import SharedRing
+from torchfeed.memory import SharedRing, _recycled
 from torchfeed.ops._pad import PadOptions, Side, pad_with, parse_side
 from torchfeed.ragged import RaggedBatch
 
@@ -66,7 +66,11 @@ class TokenizerCollate:
         pad_to_multiple_of: int | None = None,
         label_pad: int = LABEL_PAD,
         shared_ring: SharedRing | None = None,
+        *,
+        recycle: bool = True,
     ) -> None:
+        check_bool("recycle", recycle)
+        self.recycle = recycle
         pad, type_pad, side, main, makes_mask = tokenizer_facts(tokenizer)
         self.main, self.makes_mask = main, makes_mask
         self.padding_side: Side = side
@@ -91,9 +95,12 @@ class TokenizerCollate:
         return bound
 
     def __call__(self, features: Sequence[Mapping]) -> Any:
-        in_worker = self.shared_ring is not None and get_worker_info() is not None
-        out = self._collate(features, private=in_worker)
-        return self.shared_ring.pack(out) if in_worker and self.shared_ring else out
+        if get_worker_info() is None:
+            return self._collate(features, private=False)
+        out = self._collate(features, private=self.shared_ring is not None or self.recycle)
+        if self.shared_ring is not None:
+            return self.shared_ring.pack(out)
+        return _recycled.recycle_dict(out) if self.recycle else out
 
     def _collate(self, features: Sequence[Mapping], private: bool) -> dict:
         if not features or not all(isinstance(f, Mapping) for f in features):
@@ -148,8 +155,15 @@ class FlatteningCollate:
     with ``packed=True``."""
 
     def __init__(
-        self, tokenizer: Any, separator_id: int = LABEL_PAD, flash_attn_kwargs: bool = True
+        self,
+        tokenizer: Any,
+        separator_id: int = LABEL_PAD,
+        flash_attn_kwargs: bool = True,
+        *,
+        recycle: bool = True,
     ):
+        check_bool("recycle", recycle)
+        self.recycle = recycle
         self.main = tokenizer_facts(tokenizer)[3]
         if isinstance(separator_id, bool) or not isinstance(separator_id, int):
             raise TypeError(f"separator_id must be an int, got {type(separator_id).__name__}")
@@ -187,6 +201,8 @@ class FlatteningCollate:
         if self.flash_attn_kwargs:
             out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = ids.cu_seqlens
             out["max_length_q"] = out["max_length_k"] = ids.max_seqlen
+        if self.recycle and get_worker_info() is not None:
+            return _recycled.recycle_dict(out)
         return out
 
     def __repr__(self) -> str:

@@ -30,16 +30,18 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from multiprocessing.reduction import DupFd
+from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.utils.data import get_worker_info
 
 from torchfeed._extension import C, physical_memory
-from torchfeed.memory._shared_ring import SharedRing
+from torchfeed._tree import tensors_of
+from torchfeed.memory._shared_ring import SharedRing, batch_layout, place_batch, view_batch
 
-__all__ = ["Lent", "lend", "receive"]
+__all__ = ["Lent", "RecycledDict", "lend", "receive", "recycle_dict"]
 
 # A worker's ring holds this many batches of its first one's size: the batches the DataLoader
 # queues from it (prefetch_factor, 2 by default), the one it is writing and the one the training
@@ -186,3 +188,52 @@ def receive(fd: Any, slot: int, generation: int, nbytes: int, owner: int) -> Ten
     finally:
         os.close(local)
     return ring.view(slot, generation, nbytes)
+
+
+class RecycledDict(dict):
+    """A collate's dict batch with its tensors in this worker's recycled memory. In the worker it
+    is the batch; crossing the DataLoader's queue it is the region's handle and where each
+    tensor lies in it, and it arrives as a plain dict whose tensors view the region. A batch
+    changed after collating (a field added, removed or replaced) crosses as an ordinary dict."""
+
+    _lent: Lent
+    _tree: dict  # the batch with each tensor replaced by where it lies in the region
+    _values: dict  # the fields as collated, to tell a changed batch
+
+    def unchanged(self) -> bool:
+        return self.keys() == self._values.keys() and all(
+            self[k] is v for k, v in self._values.items()
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle, copy: an ordinary dict
+        return dict, (dict(self),)
+
+
+def recycle_dict(batch: dict) -> dict:
+    """``batch`` with its tensors copied into this worker's recycled memory, as a
+    :class:`RecycledDict`; ``batch`` itself outside a worker, when it holds no tensor, or when
+    the ring has no room now."""
+    if not all(t.device.type == "cpu" and t.layout == torch.strided for t in tensors_of(batch)):
+        return batch  # only ordinary CPU tensors arrive as they left
+    layout, total = batch_layout(batch)
+    lent = lend(total) if total > 0 else None
+    if lent is None:
+        return batch
+    buf, record = lent
+    tree = place_batch(batch, buf, layout)
+    out = RecycledDict(view_batch(tree, buf))
+    out._lent, out._tree, out._values = record, tree, dict(out)
+    return out
+
+
+def _reduce_for_queue(batch: RecycledDict) -> tuple[Any, ...]:
+    if batch.unchanged() and batch._lent.hand_over():
+        return _received, (*batch._lent.reduce_args(), batch._tree)
+    return dict, (dict(batch),)
+
+
+def _received(fd: Any, slot: int, generation: int, nbytes: int, owner: int, tree: dict) -> dict:
+    return view_batch(tree, receive(fd, slot, generation, nbytes, owner))
+
+
+ForkingPickler.register(RecycledDict, _reduce_for_queue)

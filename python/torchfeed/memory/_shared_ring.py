@@ -144,9 +144,7 @@ class SharedRing(RingBase):
         """Writes every tensor of ``batch`` (and every :class:`Lazy` one) into one region and
         returns its handle. A batch larger than the whole ring is returned as an ordinary batch,
         with a one-time warning."""
-        leaves: list[Any] = []
-        map_tensors(batch, leaves.append, _is_leaf)
-        layout, total = field_layout(leaves)
+        layout, total = batch_layout(batch)
         try:
             slot, generation, offset = self._ring.acquire(total, self._wait(timeout))
         except ValueError:
@@ -160,18 +158,7 @@ class SharedRing(RingBase):
                 )
             return map_tensors(batch, _materialize, _is_leaf)
         try:
-            region = self._ring.region(offset, total)
-
-            def place(leaf: Any) -> _Spec:
-                start, size = layout[id(leaf)], nbytes(leaf)
-                view = carve(region, start, size, leaf.dtype, leaf.shape)
-                if isinstance(leaf, Lazy):
-                    leaf.fill(view if leaf.permute is None else view.permute(*leaf.permute))
-                    return _Spec(start, size, leaf.dtype, leaf.shape, leaf.permute)
-                view.copy_(leaf)
-                return _Spec(start, size, leaf.dtype, tuple(leaf.shape))
-
-            tree = map_tensors(batch, place, _is_leaf)
+            tree = place_batch(batch, self._ring.region(offset, total), layout)
         except BaseException:
             self._ring.abandon(slot, generation)
             raise
@@ -182,18 +169,48 @@ class SharedRing(RingBase):
         all freed and every copy queued from them has finished (page-locked, they are
         RingTensors: any copy to a device fences the region after it)."""
         region = self._ring.view(handle.slot, handle.generation, handle.nbytes)
-
-        def view(spec: _Spec) -> Tensor:
-            t = carve(region, spec.offset, spec.nbytes, spec.dtype, spec.shape)
-            return fenced(t if spec.permute is None else t.permute(*spec.permute), self)
-
-        return map_tensors(handle.tree, view, lambda x: isinstance(x, _Spec))
+        return view_batch(handle.tree, region, lambda t: fenced(t, self))
 
     def __del__(self) -> None:
         # The memory itself (unregistered, then unmapped) goes with the last tensor viewing it.
         if getattr(self, "_owner", None) == os.getpid() and getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def batch_layout(batch: Any) -> tuple[dict[int, int], int]:
+    """Where each tensor (or :class:`Lazy` one) of ``batch`` goes in one region, and its size."""
+    leaves: list[Any] = []
+    map_tensors(batch, leaves.append, _is_leaf)
+    return field_layout(leaves)
+
+
+def place_batch(batch: Any, region: Tensor, layout: dict[int, int]) -> Any:
+    """Writes every tensor of ``batch`` into ``region`` where ``layout`` puts it; returns the
+    batch with each tensor replaced by its :class:`_Spec`."""
+
+    def place(leaf: Any) -> _Spec:
+        start, size = layout[id(leaf)], nbytes(leaf)
+        view = carve(region, start, size, leaf.dtype, leaf.shape)
+        if isinstance(leaf, Lazy):
+            leaf.fill(view if leaf.permute is None else view.permute(*leaf.permute))
+            return _Spec(start, size, leaf.dtype, leaf.shape, leaf.permute)
+        view.copy_(leaf)
+        return _Spec(start, size, leaf.dtype, tuple(leaf.shape))
+
+    return map_tensors(batch, place, _is_leaf)
+
+
+def view_batch(tree: Any, region: Tensor, wrap: Any = None) -> Any:
+    """The batch of a :func:`place_batch` tree, as tensors viewing ``region`` (each passed
+    through ``wrap``, when given)."""
+
+    def view(spec: _Spec) -> Tensor:
+        t = carve(region, spec.offset, spec.nbytes, spec.dtype, spec.shape)
+        t = t if spec.permute is None else t.permute(*spec.permute)
+        return t if wrap is None else wrap(t)
+
+    return map_tensors(tree, view, lambda x: isinstance(x, _Spec))
 
 
 def _attach(owner: int, fd: int, timeout: float | None, populated: int = 0) -> SharedRing:
