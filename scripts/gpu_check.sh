@@ -135,7 +135,7 @@ if [[ $gpu == 1 ]]; then
     --benchmark-columns=median,iqr,rounds --benchmark-json="$out/gpu_bench.json"
   sed -n '/torchfeed vs baselines/,/^$/p' "$logs/gpu_bench.log" | sed 's/^/      /' | tee -a "$report"
   # the main job on the GPU: baseline, torchfeed (ring, fused on the GPU), zero copy, GPU decode
-  step torchfeed_bench 240 "$PY" -m torchfeed bench --device cuda --epochs 2 --images 512 \
+  step torchfeed_bench 240 "$PY" -m torchfeed bench --device cuda --epochs 2 --images 512 --text-samples 8192 \
     --batch-size 64 --workers 4 --no-progress --cache-dir /tmp/torchfeed-cache \
     --json "$out/torchfeed_bench.json"
   sed -n '1,/^machine:/p' "$logs/torchfeed_bench.log" | sed 's/^/      /' | tee -a "$report"

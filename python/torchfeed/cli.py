@@ -93,7 +93,13 @@ def _build_parser() -> argparse.ArgumentParser:
         help="the built-in dataset's photo-sized variant: 2-12 megapixels, every fifth JPEG "
         "progressive (about 1.5 MB a file; generated once, ~1 s an image)",
     )
-    bench.add_argument("--text-samples", type=_positive("--text-samples"), default=8192)
+    bench.add_argument(
+        "--text-samples",
+        type=_positive("--text-samples"),
+        default=32768,
+        help="token sequences in the text suite (default: 32768; fewer make epochs too short "
+        "to time)",
+    )
     bench.add_argument(
         "--data",
         type=Path,
