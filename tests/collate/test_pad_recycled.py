@@ -154,3 +154,17 @@ def test_a_recycled_batch_pickles_and_copies_as_a_plain_dict(monkeypatch):
     assert int(sent["input_ids"][0, 0]) == 99 and in_recycled_memory(sent["input_ids"])
     del batch, sent
     gc.collect()
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [torch.ones(2, requires_grad=True), torch.eye(3).to_sparse(), torch.ones(0)],
+    ids=["requires_grad", "sparse", "no_bytes"],
+)
+def test_what_cannot_arrive_as_it_left_takes_the_ordinary_path(monkeypatch, tensor):
+    monkeypatch.setattr(_recycled, "get_worker_info", lambda: object())  # as in a worker
+    monkeypatch.setattr(_recycled, "_worker_ring_pid", -1)
+    batch = {"x": tensor, "y": [1, 2]}
+    assert _recycled.recycle_dict(batch) is batch
+    plain = {"x": torch.arange(3), "y": [1, 2]}
+    assert isinstance(_recycled.recycle_dict(plain), _recycled.RecycledDict)

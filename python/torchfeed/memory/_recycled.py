@@ -133,8 +133,8 @@ class _Mappings:
             kept = self.rings.get(key)
             if kept is not None and kept[1] == owner:
                 return kept[0]
-            ring = C._SharedRing.attach(fd)  # outside a worker's life only while a batch views it
-            if _alive(owner):
+            ring = C._SharedRing.attach(fd)
+            if _alive(owner):  # else not kept: it lives as long as the batches viewing it
                 if not self.rings:
                     gc.callbacks.append(self._collected)
                 self.rings[key] = (ring, owner)
@@ -213,7 +213,10 @@ def recycle_dict(batch: dict) -> dict:
     """``batch`` with its tensors copied into this worker's recycled memory, as a
     :class:`RecycledDict`; ``batch`` itself outside a worker, when it holds no tensor, or when
     the ring has no room now."""
-    if not all(t.device.type == "cpu" and t.layout == torch.strided for t in tensors_of(batch)):
+    if not all(
+        t.device.type == "cpu" and t.layout == torch.strided and not t.requires_grad
+        for t in tensors_of(batch)
+    ):
         return batch  # only ordinary CPU tensors arrive as they left
     layout, total = batch_layout(batch)
     lent = lend(total) if total > 0 else None
