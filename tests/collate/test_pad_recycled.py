@@ -82,7 +82,8 @@ def test_recycled_batches_are_the_ordinary_ones(context, persistent, packed):
             assert not any(in_recycled_memory(t) for t in leaves(o))
 
 
-def test_a_consumer_keeping_every_batch_never_waits():
+def test_a_consumer_keeping_every_batch_never_waits(monkeypatch):
+    monkeypatch.setattr(_recycled, "RING_MIN_BYTES", 0)  # rings of 6 first batches (forked)
     kept = list(DataLoader(Samples(400), batch_size=4, num_workers=2, collate_fn=PadCollate()))
     assert len(kept) == 100  # far more than a worker's memory holds: the ordinary path then
     modes = [in_recycled_memory(b["input_ids"]) for b in kept]
@@ -168,3 +169,24 @@ def test_what_cannot_arrive_as_it_left_takes_the_ordinary_path(monkeypatch, tens
     assert _recycled.recycle_dict(batch) is batch
     plain = {"x": torch.arange(3), "y": [1, 2]}
     assert isinstance(_recycled.recycle_dict(plain), _recycled.RecycledDict)
+
+
+class Growing(Dataset):
+    """Sequences sorted by length, 1 to 4,000 tokens: every batch far larger than the first."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {"input_ids": torch.arange(1 + i * 63, dtype=torch.int64), "label": i}
+
+
+def test_batches_far_larger_than_the_first_still_recycle():
+    batches = list(DataLoader(Growing(), batch_size=4, num_workers=1, collate_fn=PadCollate()))
+    # the first batch is 4 x 190 tokens, the last 4 x 4,000 (21x): each still fits the ring,
+    # since a worker's ring is at least RING_MIN_BYTES, not only 6 of its first batch
+    assert batches[-1]["input_ids"].numel() > 6 * batches[0]["input_ids"].numel()
+    for b, batch in enumerate(batches):
+        assert in_recycled_memory(batch["input_ids"]), b
+        want = PadCollate()([Growing()[i] for i in range(4 * b, 4 * b + 4)])
+        same(batch, want)

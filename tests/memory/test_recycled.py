@@ -100,7 +100,8 @@ def test_a_worker_reuses_its_memory_batch_after_batch():
     assert 0 < int(high_water[-1]) <= 4 * (batch_bytes + 256)
 
 
-def test_a_consumer_keeping_every_batch_never_waits():
+def test_a_consumer_keeping_every_batch_never_waits(monkeypatch):
+    monkeypatch.setattr(_recycled, "RING_MIN_BYTES", 0)  # rings of 6 first batches (forked)
     ds = Images(200)
     kept = list(loader(ds, timeout=60))  # 50 batches held: far more than a ring of 6
     assert len(kept) == 50

@@ -47,6 +47,10 @@ __all__ = ["Lent", "RecycledDict", "lend", "receive", "recycle_dict"]
 # queues from it (prefetch_factor, 2 by default), the one it is writing and the one the training
 # loop holds, with room for larger batches. Only what is written is allocated.
 RING_BATCHES = 6
+# And at least this much, since later batches can be far larger than the first (text padded to
+# each batch's longest sequence, a sampler that groups by length); capacity that is never
+# written costs nothing.
+RING_MIN_BYTES = 64 << 20
 # At most this share of the machine's memory per worker ring (virtual: allocated as written).
 RING_MEMORY_SHARE = 4
 
@@ -84,7 +88,8 @@ def _ring_for(nbytes: int) -> SharedRing | None:
         if not hasattr(os, "memfd_create"):
             return None
         most = physical_memory() // RING_MEMORY_SHARE
-        capacity = min(max(nbytes, 1) * RING_BATCHES + 4096 * RING_BATCHES, most)
+        wanted = max(max(nbytes, 1) * RING_BATCHES + 4096 * RING_BATCHES, RING_MIN_BYTES)
+        capacity = min(wanted, most)
         try:
             # pinned=False: a worker never touches the GPU; lend never waits, so no timeout
             _worker_ring = SharedRing(capacity, pinned=False, timeout=None)
