@@ -140,7 +140,7 @@ def test_outside_workers_a_plain_dict():
 def test_a_recycled_batch_pickles_and_copies_as_a_plain_dict(monkeypatch):
     monkeypatch.setattr(_recycled, "get_worker_info", lambda: object())  # as in a worker
     monkeypatch.setattr(_recycled, "_worker_ring_pid", -1)  # a ring of this process's own
-    monkeypatch.setattr("torchfeed.collate._pad.get_worker_info", lambda: object())
+    monkeypatch.setattr("torchfeed.collate._fields.get_worker_info", lambda: object())
     batch = PadCollate()([sample(i) for i in range(5)])
     want = PadCollate(recycle=False)([sample(i) for i in range(5)])
     assert isinstance(batch, _recycled.RecycledDict)

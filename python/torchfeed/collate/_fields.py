@@ -4,13 +4,15 @@ sample agrees on what a field is."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import default_collate
+from torch.utils.data import default_collate, get_worker_info
+
+from torchfeed.memory import SharedRing, _recycled
 
 __all__ = [
     "LABEL_FIELDS",
@@ -19,6 +21,7 @@ __all__ = [
     "collate_field",
     "field_kind",
     "is_sequence",
+    "leave_worker",
     "private_collate",
 ]
 
@@ -155,3 +158,22 @@ def _explain_mismatch(key: Hashable, tensors: list[Tensor]) -> None:
             raise ValueError(
                 f"field {key!r} is on {ref.device} in sample 0 but on {t.device} in sample {i}"
             )
+
+
+def leave_worker(
+    collate: Callable[[bool], Any],
+    shared_ring: SharedRing | None = None,
+    recycle: bool = False,
+    recyclable: bool = True,
+) -> Any:
+    """A collate's batch in the form it leaves the process it is made in. ``collate(private)``
+    makes it; ``private`` keeps fixed fields out of the worker's shared memory, for a batch that
+    is copied once more anyway. Outside a DataLoader worker: ``collate(False)``. In one: packed
+    into ``shared_ring`` when given (zero copy); else, with ``recycle`` and a ``recyclable``
+    batch (a dict), written into the worker's recycled memory; else ``collate(False)``."""
+    if get_worker_info() is not None:
+        if shared_ring is not None:
+            return shared_ring.pack(collate(True))
+        if recycle and recyclable:
+            return _recycled.recycle_dict(collate(True))
+    return collate(False)

@@ -8,7 +8,6 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from torch import Tensor
-from torch.utils.data import get_worker_info
 
 from torchfeed._options import check_bool
 from torchfeed.collate._fields import (
@@ -17,9 +16,10 @@ from torchfeed.collate._fields import (
     as_sequences,
     collate_field,
     is_sequence,
+    leave_worker,
 )
 from torchfeed.collate._tokenizer import FlatteningCollate, TokenizerCollate
-from torchfeed.memory import SharedRing, _recycled
+from torchfeed.memory import SharedRing
 from torchfeed.ops._pad import PadOptions, PadValue, Side, pad_with
 from torchfeed.ragged import RaggedBatch
 
@@ -236,14 +236,12 @@ class PadCollate:
         )
 
     def __call__(self, batch: Sequence[Any]) -> Any:
-        if get_worker_info() is not None:
-            if self.shared_ring is not None:
-                # fixed fields in private memory: the ring replaces the worker's shared memory
-                return self.shared_ring.pack(self._collate(batch, private=True))
-            if self.recycle and batch and isinstance(batch[0], Mapping):
-                # a dict batch: all of it copied once into the worker's reused shared memory
-                return _recycled.recycle_dict(self._collate(batch, private=True))
-        return self._collate(batch, private=False)
+        return leave_worker(
+            lambda private: self._collate(batch, private),
+            self.shared_ring,
+            self.recycle,
+            recyclable=bool(batch) and isinstance(batch[0], Mapping),  # dict samples: a dict
+        )
 
     def _collate(self, batch: Sequence[Any], private: bool) -> Any:
         if not isinstance(batch, Sequence) or isinstance(batch, str | bytes):

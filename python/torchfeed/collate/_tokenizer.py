@@ -12,11 +12,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from torchfeed._options import check_bool
-from torchfeed.collate._fields import LABEL_PAD, as_sequences, collate_field, is_sequence
-from torchfeed.memory import SharedRing, _recycled
+from torchfeed.collate._fields import (
+    LABEL_PAD,
+    as_sequences,
+    collate_field,
+    is_sequence,
+    leave_worker,
+)
+from torchfeed.memory import SharedRing
 from torchfeed.ops._pad import PadOptions, Side, pad_with, parse_side
 from torchfeed.ragged import RaggedBatch
 
@@ -95,12 +100,9 @@ class TokenizerCollate:
         return bound
 
     def __call__(self, features: Sequence[Mapping]) -> Any:
-        if get_worker_info() is None:
-            return self._collate(features, private=False)
-        out = self._collate(features, private=self.shared_ring is not None or self.recycle)
-        if self.shared_ring is not None:
-            return self.shared_ring.pack(out)
-        return _recycled.recycle_dict(out) if self.recycle else out
+        return leave_worker(
+            lambda private: self._collate(features, private), self.shared_ring, self.recycle
+        )
 
     def _collate(self, features: Sequence[Mapping], private: bool) -> dict:
         if not features or not all(isinstance(f, Mapping) for f in features):
@@ -172,6 +174,9 @@ class FlatteningCollate:
         self.flash_attn_kwargs = flash_attn_kwargs
 
     def __call__(self, features: Sequence[Mapping]) -> dict:
+        return leave_worker(lambda _private: self._flatten(features), recycle=self.recycle)
+
+    def _flatten(self, features: Sequence[Mapping]) -> dict:
         if not features or not all(isinstance(f, Mapping) for f in features):
             raise TypeError("the flattening collate takes a non-empty list of dicts (features)")
         kept = [f for f in features if len(f[self.main]) > 0]
@@ -201,8 +206,6 @@ class FlatteningCollate:
         if self.flash_attn_kwargs:
             out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = ids.cu_seqlens
             out["max_length_q"] = out["max_length_k"] = ids.max_seqlen
-        if self.recycle and get_worker_info() is not None:
-            return _recycled.recycle_dict(out)
         return out
 
     def __repr__(self) -> str:
