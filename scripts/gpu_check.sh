@@ -110,18 +110,12 @@ fi
 step build_info 60 "$PY" -c "import json, torchfeed; print(json.dumps(torchfeed.build_info()))"
 tail -n 1 "$logs/build_info.log" | sed 's/^/      /' | tee -a "$report"
 
-# The CUDA tests (every op CPU vs CUDA, ring event ordering) one at a time; then the rest of the
-# suite in parallel over the host's cores (pytest-benchmark errors under xdist: -p no:benchmark).
+# The CUDA tests (every op CPU vs CUDA, ring event ordering) one at a time; the rest of the suite
+# at the end, in parallel over the host's cores (pytest-benchmark errors under xdist: -p no:benchmark).
 step tests_cuda 180 "$PY" -m pytest tests -q -p no:cacheprovider -m cuda --junitxml="$logs/tests_cuda.xml"
 grep -E "passed|failed" "$logs/tests_cuda.log" | tail -n 1 | sed 's/^/      /' | tee -a "$report"
-parallel=()
-if "$PY" -c "import xdist" 2>/dev/null; then
-  parallel=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))" -p no:benchmark)
-fi
-step tests_cpu 240 "$PY" -m pytest tests -q -p no:cacheprovider -m "not cuda" "${parallel[@]}" \
-  --junitxml="$logs/tests_cpu.xml"
-grep -E "passed|failed" "$logs/tests_cpu.log" | tail -n 1 | sed 's/^/      /' | tee -a "$report"
-
+# The GPU parts first: the CPU suite also runs in CI (torch 2.14), so here it gets what is left
+# of the budget.
 if [[ $gpu == 1 ]]; then
   if command -v compute-sanitizer >/dev/null; then
     step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 99 \
@@ -142,6 +136,14 @@ if [[ $gpu == 1 ]]; then
 else
   say "- memcheck, gpu_bench, torchfeed_bench: skipped (no GPU)"
 fi
+
+parallel=()
+if "$PY" -c "import xdist" 2>/dev/null; then
+  parallel=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))" -p no:benchmark)
+fi
+step tests_cpu 240 "$PY" -m pytest tests -q -p no:cacheprovider -m "not cuda" "${parallel[@]}" \
+  --junitxml="$logs/tests_cpu.xml"
+grep -E "passed|failed" "$logs/tests_cpu.log" | tail -n 1 | sed 's/^/      /' | tee -a "$report"
 
 say ""
 say "total: $(($(date +%s) - start_all))s, result: $([[ $status == 0 ]] && echo PASS || echo FAIL)"
