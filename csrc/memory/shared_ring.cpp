@@ -306,8 +306,17 @@ at::Tensor SharedRing::view(int64_t slot, int64_t generation, int64_t nbytes) {
     Locked locked(control_);
     SharedSlot& s = control_->slots[slot];
     if (s.generation != generation || s.state != kWorker || nbytes > s.size) {
-      throw std::runtime_error("SharedRing.view: the handle for slot " + std::to_string(slot) +
-                               " is stale (its region was reclaimed or released)");
+      // What the slot holds now says who took it (a region reclaimed from a worker taken for
+      // dead, released, or handed out again), and how many regions were reclaimed so far.
+      static const char* const kStates[] = {"free", "with a worker", "with the consumer"};
+      const bool known = s.state >= 0 && s.state < 3;
+      throw std::runtime_error(
+          "SharedRing.view: the handle for slot " + std::to_string(slot) + " (generation " +
+          std::to_string(generation) + ", " + std::to_string(nbytes) +
+          " bytes) is stale (its region was reclaimed or released): the slot is now " +
+          (known ? kStates[s.state] : "in an unknown state") + " at generation " +
+          std::to_string(s.generation) + ", " + std::to_string(s.size) + " bytes; " +
+          std::to_string(control_->reclaimed) + " region(s) reclaimed so far");
     }
     s.state = kConsumer;
     s.pid = static_cast<int32_t>(getpid());

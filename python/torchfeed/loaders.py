@@ -49,8 +49,13 @@ class ZeroCopyLoader(ResumableLoader):
     an ordinary DataLoader. ``ring_capacity`` (bytes) defaults to enough for every batch the
     workers can have in flight, estimated from a first batch's first 8 samples collated in
     this process (fewer, at least 2, when they take over 0.25 s, with more room to spare);
-    memory is allocated as the workers first write it (about the batches in flight);
-    ``ring_timeout`` is how long a worker waits for space (seconds, or None: forever).
+    without a GPU, memory is allocated as the workers first write it (about the batches in
+    flight); with one, the ring is page-locked when it is made (``cudaHostRegister`` locks every
+    page), so all of ``ring_capacity`` is resident from the start. A ``ring_capacity`` set by
+    hand needs room for ``num_workers * prefetch_factor`` batches and those the consumer holds:
+    with less, a worker can fill it with batches sent after the one the consumer waits for, and
+    waits for room (``ring_timeout``, then an error). ``ring_timeout`` is how long a worker
+    waits for space (seconds, or None: forever).
     """
 
     def __init__(

@@ -156,7 +156,7 @@ def test_pinned_ring_blocks_carry_the_fence(fences):
 
 
 def test_without_page_locked_memory_the_tensors_are_plain():
-    ring = SharedRing(1 << 16)
+    ring = SharedRing(1 << 16, pinned=False)  # as on a machine without a GPU
     assert not ring.pinned and type(packed(ring)["x"]) is torch.Tensor  # nothing to fence
 
 
@@ -184,10 +184,13 @@ def slow_copies(batches, keep_host: bool = False):
     return [int(t.float().mean().item()) for t in out]
 
 
-def tight_loader():
-    # room for about two batches: a freed region is rewritten almost at once
-    return torchfeed.loader(Big(), zero_copy=True, batch_size=1, num_workers=2,
-                            collate_fn=PadCollate([]), ring_capacity=3 << 20)  # fmt: skip
+def tight_loader(batches: int = 3):
+    # room for three batches of 1 MiB: the one the consumer holds, the one a worker has sent and
+    # the one the other writes, so a freed region is rewritten almost at once. One batch queued
+    # per worker: with two, a worker can fill the ring with batches sent after the one the
+    # consumer waits for, whose worker then waits for room that never comes.
+    return torchfeed.loader(Big(), zero_copy=True, batch_size=1, num_workers=2, prefetch_factor=1,
+                            collate_fn=PadCollate([]), ring_capacity=batches << 20)  # fmt: skip
 
 
 @pytest.mark.cuda
@@ -206,7 +209,8 @@ def test_the_prefetcher_over_a_wrapped_loader_and_a_consumer_that_keeps_batches(
         int(b["x"].float().mean()) for b in torchfeed.DevicePrefetcher((b for b in loader), "cuda")
     ]
     assert got == list(range(16))
-    assert slow_copies(iter(tight_loader()), keep_host=True) == list(range(16))
+    # a consumer keeping every host batch needs room for all of them
+    assert slow_copies(iter(tight_loader(16 + 2)), keep_host=True) == list(range(16))
 
 
 @pytest.mark.cuda

@@ -116,6 +116,22 @@ def test_regions_are_released_and_reused():
     assert stats["high_water"] <= 64 * 1024
 
 
+def test_a_stale_handle_says_what_its_slot_holds_now():
+    ring = SharedRing(1 << 16, pinned=False)
+    handle = ring.pack({"x": torch.arange(4)})
+    batch = ring.unpack(handle)
+    stale = r"slot 0 \(generation 1, 64 bytes\) is stale \(its region was reclaimed or released\)"
+    with pytest.raises(
+        RuntimeError, match=stale + r": the slot is now with the consumer at generation 1"
+    ):
+        ring.unpack(handle)  # viewed twice
+    del batch
+    with pytest.raises(
+        RuntimeError, match=stale + r": the slot is now free .* 0 region\(s\) reclaimed"
+    ):
+        ring.unpack(handle)  # released
+
+
 def test_num_workers_zero_is_an_ordinary_loader():
     dl = loader(Images(), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"), batch_size=5)
     plain = list(loader(Images(), collate_fn=ImageCollate(0, layout="HWC"), batch_size=5))
@@ -300,14 +316,16 @@ def _shmem_kb() -> int:
 
 
 def test_a_ring_allocates_what_it_uses_and_populate_makes_it_resident():
-    ring = SharedRing(1 << 30)  # 1 GiB of capacity costs nothing until touched
+    # 1 GiB of capacity costs nothing until touched. (Page-locked, on a GPU machine, it is all
+    # resident at once: cudaHostRegister locks every page.)
+    ring = SharedRing(1 << 30, pinned=False)
     before = _shmem_kb()
     assert before < 64 * 1024
     assert ring.populate(100 << 20) == 100 << 20
     assert _shmem_kb() - before >= 95 * 1024  # resident now, not at the first batch
     assert ring.populate(5) == 100 << 20  # never less than what is already populated
-    assert SharedRing(1 << 20).populate(1 << 30) == 1 << 20  # at most the capacity
-    assert SharedRing(1 << 20).populate(4097) == 8192  # whole pages
+    assert SharedRing(1 << 20, pinned=False).populate(1 << 30) == 1 << 20  # at most the capacity
+    assert SharedRing(1 << 20, pinned=False).populate(4097) == 8192  # whole pages
     with pytest.raises(ValueError, match=r"populate: nbytes must be an int >= 0 \(bytes\), got -1"):
         ring.populate(-1)
     with pytest.raises(ValueError, match="populate: nbytes must be an int >= 0"):
