@@ -5,10 +5,14 @@ shares a group with the cases it is compared to; the summary below prints, per g
 times faster torchfeed's median is than each baseline's (and what fraction of the floor it
 reaches). An "overhead" case is reported as a share of the group's "work" case; a case with
 ``extra_info["images"]`` as images/s (with ``hbm_bytes``, also as a share of an H200's HBM
-bandwidth, 4.3 TB/s). Run with ``make bench-pytest``.
+bandwidth, 4.3 TB/s); one with ``extra_info["paired"]`` (seconds per round by role, the roles
+timed in the same rounds) as the ratio of torchfeed's median to each other role's, and the median
+of the per-round ratios. Run with ``make bench-pytest``.
 """
 
 from __future__ import annotations
+
+import statistics
 
 import pytest
 
@@ -43,6 +47,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                     f"({over.stats.median * 1e6:.1f} us vs {work.stats.median * 1e6:.1f} us)"
                 )
         for b in benches:
+            lines.extend(paired_lines(group, b.extra_info.get("paired")))
+        for b in benches:
             if "images" in b.extra_info:
                 rate = b.extra_info["images"] / b.stats.median
                 extra = ""
@@ -54,6 +60,26 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_sep("=", "torchfeed vs baselines (median ratio, same session)")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+def paired_lines(group: str, paired: dict[str, list[float]] | None) -> list[str]:
+    """torchfeed against each other in rounds timed together (``extra_info["paired"]``: per-round
+    seconds by role): the ratio of the medians and the median of the per-round ratios."""
+    if not paired or "torchfeed" not in paired:
+        return []
+    ours = paired["torchfeed"]
+    lines = []
+    for kind, theirs in paired.items():
+        if kind == "torchfeed":
+            continue
+        per_round = statistics.median(t / o for t, o in zip(theirs, ours, strict=True))
+        mine, other = statistics.median(ours), statistics.median(theirs)
+        lines.append(
+            f"{group:<34} paired, {len(ours)} rounds: torchfeed vs {kind:<8} "
+            f"{mine * 1e6:10.1f} us vs {other * 1e6:10.1f} us  -> {other / mine:5.2f}x "
+            f"(per-round median {per_round:5.2f}x)"
+        )
+    return lines
 
 
 @pytest.fixture
