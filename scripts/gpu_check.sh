@@ -112,8 +112,17 @@ tail -n 1 "$logs/build_info.log" | sed 's/^/      /' | tee -a "$report"
 
 # The CUDA tests (every op CPU vs CUDA, ring event ordering) one at a time; the rest of the suite
 # at the end, in parallel over the host's cores (pytest-benchmark errors under xdist: -p no:benchmark).
-step tests_cuda 180 "$PY" -m pytest tests -q -p no:cacheprovider -m cuda --junitxml="$logs/tests_cuda.xml"
+# Verbose, with a per-test limit where pytest-timeout is installed: a step killed at its limit
+# still names, in its log, every test that failed before (the 2026-12-04 run lost them).
+per_test=()
+if "$PY" -c "import pytest_timeout" 2>/dev/null; then
+  per_test=(--timeout 60)
+fi
+failures() { grep -E "(FAILED|ERROR) tests/" "$logs/$1.log" | sed 's/^.*\(FAILED\|ERROR\) /\1 /' | sort -u | head -n 30 | sed 's/^/      /' | tee -a "$report"; }
+step tests_cuda 180 "$PY" -m pytest tests -v -p no:cacheprovider -m cuda "${per_test[@]}" \
+  --junitxml="$logs/tests_cuda.xml"
 grep -E "passed|failed" "$logs/tests_cuda.log" | tail -n 1 | sed 's/^/      /' | tee -a "$report"
+failures tests_cuda
 # The GPU parts first: the CPU suite also runs in CI (torch 2.14), so here it gets what is left
 # of the budget.
 if [[ $gpu == 1 ]]; then
@@ -141,9 +150,10 @@ parallel=()
 if "$PY" -c "import xdist" 2>/dev/null; then
   parallel=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))" -p no:benchmark)
 fi
-step tests_cpu 240 "$PY" -m pytest tests -q -p no:cacheprovider -m "not cuda" "${parallel[@]}" \
-  --junitxml="$logs/tests_cpu.xml"
+step tests_cpu 240 "$PY" -m pytest tests -v -p no:cacheprovider -m "not cuda" "${parallel[@]}" \
+  "${per_test[@]}" --junitxml="$logs/tests_cpu.xml"
 grep -E "passed|failed" "$logs/tests_cpu.log" | tail -n 1 | sed 's/^/      /' | tee -a "$report"
+failures tests_cpu
 
 say ""
 say "total: $(($(date +%s) - start_all))s, result: $([[ $status == 0 ]] && echo PASS || echo FAIL)"
