@@ -148,7 +148,7 @@ fi
 
 parallel=()
 if "$PY" -c "import xdist" 2>/dev/null; then
-  parallel=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))" -p no:benchmark)
+  parallel=(-n "$(( $(nproc) < 12 ? $(nproc) : 12 ))" -p no:benchmark)
 fi
 step tests_cpu 240 "$PY" -m pytest tests -v -p no:cacheprovider -m "not cuda" "${parallel[@]}" \
   "${per_test[@]}" --junitxml="$logs/tests_cpu.xml"
