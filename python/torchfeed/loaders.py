@@ -54,7 +54,8 @@ class ZeroCopyLoader(ResumableLoader):
     page), so all of ``ring_capacity`` is resident from the start. A ``ring_capacity`` set by
     hand needs room for ``num_workers * prefetch_factor`` batches and those the consumer holds:
     with less, a worker can fill it with batches sent after the one the consumer waits for, and
-    waits for room (``ring_timeout``, then an error). ``ring_timeout`` is how long a worker
+    waits for room (``ring_timeout``, then an error); the loader warns at the first batch
+    when the ring cannot hold them. ``ring_timeout`` is how long a worker
     waits for space (seconds, or None: forever).
     """
 
@@ -92,6 +93,7 @@ class ZeroCopyLoader(ResumableLoader):
         self.shared_ring: SharedRing | None = None
         self._ring_capacity = ring_capacity
         self._ring_timeout = ring_timeout
+        self._capacity_checked = False
 
     def _make_ring(self) -> None:
         capacity = self._ring_capacity
@@ -166,19 +168,46 @@ class ZeroCopyLoader(ResumableLoader):
         # DataLoader's reset, or lost with a dead worker) can never be unpacked: free them.
         # (One iterator per loader at a time, as with persistent workers.)
         ring.reclaim_before(start)
-        return _Unpacking(it, ring)
+        return _Unpacking(it, ring, self)
+
+    def _check_capacity(self, handle: RingHandle) -> None:
+        """Once, at the first batch, for a ``ring_capacity`` set by hand: warns when the ring
+        cannot hold the batches the loader queues plus the one the consumer holds. Then a worker
+        can fill it with batches sent after the one the consumer waits for, and the worker
+        writing that one waits for room until ``ring_timeout`` (reproduced with 2 workers, two
+        batches queued each, and a ring of 3 batches: a RingTimeoutError after 30 s)."""
+        if self._ring_capacity is None or self._capacity_checked:
+            return
+        self._capacity_checked = True
+        queued = self.num_workers * (self.prefetch_factor or 2)
+        fits = self._ring_capacity // max(handle.nbytes, 1)
+        if fits < queued + 1:
+            warnings.warn(
+                f"zero_copy: ring_capacity={self._ring_capacity} bytes holds {fits} batch(es) of "
+                f"{handle.nbytes} bytes (the first), fewer than the {queued} the loader queues "
+                f"(num_workers={self.num_workers} x prefetch_factor="
+                f"{self.prefetch_factor or 2}) plus the one the consumer holds: a worker can "
+                "wait for room that only a batch not yet written would free, until ring_timeout. "
+                f"Give it at least {(queued + 1) * handle.nbytes} bytes, or leave ring_capacity "
+                "unset to have it sized from the first batch",
+                RuntimeWarning,
+                stacklevel=4,  # _check_capacity, _Unpacking, _Counting, the user's loop
+            )
 
 
 class _Unpacking:
-    def __init__(self, it: Iterator[Any], ring: SharedRing) -> None:
-        self._it, self._ring = it, ring
+    def __init__(self, it: Iterator[Any], ring: SharedRing, owner: ZeroCopyLoader) -> None:
+        self._it, self._ring, self._owner = it, ring, owner
 
     def __iter__(self) -> _Unpacking:
         return self
 
     def __next__(self) -> Any:
         batch = next(self._it)
-        return self._ring.unpack(batch) if isinstance(batch, RingHandle) else batch
+        if not isinstance(batch, RingHandle):
+            return batch
+        self._owner._check_capacity(batch)
+        return self._ring.unpack(batch)
 
     def __len__(self) -> int:
         return len(self._it)  # type: ignore[arg-type]

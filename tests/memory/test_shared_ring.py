@@ -407,3 +407,42 @@ def test_the_default_size_is_capped_by_the_bound_the_ring_enforces():
     assert torchfeed._C.physical_memory() == expected == loaders._physical_memory()
     with pytest.raises(ValueError, match=rf"physical memory \({expected} bytes\)"):
         SharedRing(expected + 4096)
+
+
+class Rows(Dataset):
+    """16 samples of 4 KiB, each filled with its index."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return {"x": torch.full((4096,), i, dtype=torch.uint8)}
+
+
+def rows_loader(batches: int, prefetch_factor: int, capacity: int | None = None):
+    return loader(Rows(), zero_copy=True, batch_size=1, num_workers=2, collate_fn=PadCollate([]),
+                  prefetch_factor=prefetch_factor, ring_timeout=5.0,
+                  ring_capacity=batches * 4096 if capacity is None else capacity)  # fmt: skip
+
+
+def test_a_hand_set_ring_too_small_for_the_loader_queue_warns_at_the_first_batch():
+    dl = rows_loader(3, prefetch_factor=2)  # 2 x 2 queued + 1 held need 5
+    with pytest.warns(RuntimeWarning) as caught:
+        next(iter(dl))
+    assert len(caught) == 1
+    assert str(caught[0].message).startswith(
+        "zero_copy: ring_capacity=12288 bytes holds 3 batch(es) of 4096 bytes (the first), fewer "
+        "than the 4 the loader queues (num_workers=2 x prefetch_factor=2) plus the one the "
+        "consumer holds"
+    )
+    assert "Give it at least 20480 bytes" in str(caught[0].message)
+    assert caught[0].filename == __file__  # points at the loop
+
+
+def test_a_ring_with_room_for_the_queue_and_one_held_batch_never_stalls():
+    """The CUDA fence tests' loader on the CPU: a ring of 3 batches, one queued per worker;
+    each batch is dropped before the next, so a freed region is rewritten at once."""
+    dl = rows_loader(3, prefetch_factor=1)  # 2 x 1 queued + 1 held: no warning
+    for _ in range(2):
+        assert [int(b["x"][0, 0]) for b in dl] == list(range(16))
+    assert dl.shared_ring.stats()["bytes_in_use"] == 0
