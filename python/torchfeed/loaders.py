@@ -95,11 +95,16 @@ class ZeroCopyLoader(ResumableLoader):
         self._ring_timeout = ring_timeout
         self._capacity_checked = False
 
+    def _queued_batches(self) -> int:
+        """The batches the DataLoader keeps requested from its workers: num_workers x
+        prefetch_factor (DataLoader's default 2 where it is None)."""
+        return self.num_workers * (self.prefetch_factor or 2)
+
     def _make_ring(self) -> None:
         capacity = self._ring_capacity
         if capacity is None:
             nbytes, samples, exact = self._probe_batch_bytes()
-            waiting = self.num_workers * (self.prefetch_factor or 2)  # batches the loader queues
+            waiting = self._queued_batches()
             # room for those, for the batches the consumer holds, and for batches larger than
             # the probe's (more so when it is an estimate, and from fewer samples). Memory is
             # allocated as the workers first write it, in parallel: populating the queued
@@ -168,7 +173,7 @@ class ZeroCopyLoader(ResumableLoader):
         # DataLoader's reset, or lost with a dead worker) can never be unpacked: free them.
         # (One iterator per loader at a time, as with persistent workers.)
         ring.reclaim_before(start)
-        return _Unpacking(it, ring, self)
+        return _Unpacking(it, self)
 
     def _check_capacity(self, handle: RingHandle) -> None:
         """Once, at the first batch, for a ``ring_capacity`` set by hand: warns when the ring
@@ -179,7 +184,7 @@ class ZeroCopyLoader(ResumableLoader):
         if self._ring_capacity is None or self._capacity_checked:
             return
         self._capacity_checked = True
-        queued = self.num_workers * (self.prefetch_factor or 2)
+        queued = self._queued_batches()
         fits = self._ring_capacity // max(handle.nbytes, 1)
         if fits < queued + 1:
             warnings.warn(
@@ -196,8 +201,9 @@ class ZeroCopyLoader(ResumableLoader):
 
 
 class _Unpacking:
-    def __init__(self, it: Iterator[Any], ring: SharedRing, owner: ZeroCopyLoader) -> None:
-        self._it, self._ring, self._owner = it, ring, owner
+    def __init__(self, it: Iterator[Any], owner: ZeroCopyLoader) -> None:
+        assert owner.shared_ring is not None
+        self._it, self._ring, self._owner = it, owner.shared_ring, owner
 
     def __iter__(self) -> _Unpacking:
         return self
