@@ -419,10 +419,10 @@ class Rows(Dataset):
         return {"x": torch.full((4096,), i, dtype=torch.uint8)}
 
 
-def rows_loader(batches: int, prefetch_factor: int, capacity: int | None = None):
+def rows_loader(batches: int, prefetch_factor: int):
     return loader(Rows(), zero_copy=True, batch_size=1, num_workers=2, collate_fn=PadCollate([]),
                   prefetch_factor=prefetch_factor, ring_timeout=5.0,
-                  ring_capacity=batches * 4096 if capacity is None else capacity)  # fmt: skip
+                  ring_capacity=batches * 4096)  # fmt: skip
 
 
 def test_a_hand_set_ring_too_small_for_the_loader_queue_warns_at_the_first_batch():
