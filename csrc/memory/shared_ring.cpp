@@ -25,7 +25,9 @@ constexpr int32_t kFree = 0;
 constexpr int32_t kWorker = 1;
 constexpr int32_t kConsumer = 2;
 
-bool process_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+// Only "no such process" means dead: a sandbox that refuses the probe otherwise (EPERM, or a
+// seccomp filter's own errno) must not have the regions of live workers reclaimed under them.
+bool process_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
 
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
