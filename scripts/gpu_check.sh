@@ -118,9 +118,10 @@ sed 's/^/      /' "$logs/ring_probe.log" | tee -a "$report"
 # next, in parallel over the host's cores (pytest-benchmark errors under xdist: -p no:benchmark).
 # Verbose, with a per-test limit where pytest-timeout is installed: a step killed at its limit
 # still names, in its log, every test that failed before (the 2026-12-04 run lost them).
+# (150 s: under 12 processes the bench and torchrun tests take over 60 s there)
 per_test=()
 if "$PY" -c "import pytest_timeout" 2>/dev/null; then
-  per_test=(--timeout 60)
+  per_test=(--timeout "${GPU_CHECK_TEST_TIMEOUT:-150}")
 fi
 failures() { grep -E "(FAILED|ERROR) tests/" "$logs/$1.log" | sed 's/^.*\(FAILED\|ERROR\) /\1 /' | sort -u | head -n 30 | sed 's/^/      /' | tee -a "$report"; }
 step tests_cuda 180 "$PY" -m pytest tests -v -p no:cacheprovider -m cuda "${per_test[@]}" \
@@ -131,8 +132,11 @@ parallel=()
 if "$PY" -c "import xdist" 2>/dev/null; then
   parallel=(-n "$(( $(nproc) < 12 ? $(nproc) : 12 ))" -p no:benchmark)
 fi
+# GPU_CHECK_CPU_K="expr" runs only the CPU tests it selects (pytest -k): a rerun of what failed
+select=()
+[[ -n "${GPU_CHECK_CPU_K:-}" ]] && select=(-k "$GPU_CHECK_CPU_K")
 step tests_cpu 200 "$PY" -m pytest tests -v -p no:cacheprovider -m "not cuda" "${parallel[@]}" \
-  "${per_test[@]}" --junitxml="$logs/tests_cpu.xml"
+  "${per_test[@]}" "${select[@]}" --tb=short --junitxml="$logs/tests_cpu.xml"
 grep -E "passed|failed" "$logs/tests_cpu.log" | tail -n 1 | sed 's/^/      /' | tee -a "$report"
 failures tests_cpu
 

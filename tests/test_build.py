@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -243,8 +244,12 @@ def test_extension_holds_a_kernel_image_per_architecture_and_ptx_for_the_newest(
     archs = torchfeed.build_info()["cuda_archs"]
     expected = set()
     for arch in archs:
-        sm = int(arch.removesuffix("+PTX").replace(".", ""))
+        # "9.0", "12.0+PTX", or an architecture-specific "9.0a" / family "10.0f" (the GPU check
+        # builds "9.0a" on the H200), whose images carry the plain sm number (nvcc 13: sm_90a -> 90)
+        m = re.fullmatch(r"(\d+)\.(\d)[af]?(\+PTX)?", arch)
+        assert m, arch
+        sm = int(m[1]) * 10 + int(m[2])
         expected.add(("sass", sm))
-        if arch.endswith("+PTX"):
+        if m[3]:
             expected.add(("ptx", sm))
     assert fatbin_entries(torchfeed._C.__file__) == expected

@@ -94,6 +94,7 @@ class ZeroCopyLoader(ResumableLoader):
         self._ring_capacity = ring_capacity
         self._ring_timeout = ring_timeout
         self._capacity_checked = False
+        self._iterators = 0  # made so far: only the newest may hand out batches
 
     def _queued_batches(self) -> int:
         """The batches the DataLoader keeps requested from its workers: num_workers x
@@ -173,6 +174,7 @@ class ZeroCopyLoader(ResumableLoader):
         # DataLoader's reset, or lost with a dead worker) can never be unpacked: free them.
         # (One iterator per loader at a time, as with persistent workers.)
         ring.reclaim_before(start)
+        self._iterators += 1
         return _Unpacking(it, self)
 
     def _check_capacity(self, handle: RingHandle) -> None:
@@ -204,11 +206,22 @@ class _Unpacking:
     def __init__(self, it: Iterator[Any], owner: ZeroCopyLoader) -> None:
         assert owner.shared_ring is not None
         self._it, self._ring, self._owner = it, owner.shared_ring, owner
+        self._number = owner._iterators
 
     def __iter__(self) -> _Unpacking:
         return self
 
     def __next__(self) -> Any:
+        if self._number != self._owner._iterators:
+            # A newer iter(loader) reclaimed the regions this one's batches were written to (the
+            # ordinary DataLoader lets two iterators run; here they would share one ring).
+            raise RuntimeError(
+                f"zero_copy: this iterator of the loader (its iter() number {self._number}) was "
+                f"superseded by a later iter(loader) (number {self._owner._iterators}), which "
+                "took back the ring regions of this one's batches. A ZeroCopyLoader runs one "
+                "iterator at a time: finish or drop an epoch's iterator before calling iter() "
+                "again (itertools.islice(loader, n) and (b for b in loader) call it too)"
+            )
         batch = next(self._it)
         if not isinstance(batch, RingHandle):
             return batch
