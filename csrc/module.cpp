@@ -30,8 +30,10 @@ pybind11::dict build_info() {
 #endif
 #ifdef TORCHFEED_WITH_JPEG
   info["jpeg"] = torchfeed::io::jpeg_library_version();
+  info["jpeg_runtime"] = torchfeed::io::jpeg_runtime_library();
 #else
   info["jpeg"] = pybind11::none();
+  info["jpeg_runtime"] = pybind11::none();
 #endif
   return info;
 }

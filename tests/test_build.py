@@ -32,6 +32,19 @@ def test_build_info():
     assert info["gpu_kernels_usable"] == (info["cuda_compiled"] and info["gpu_available"])
 
 
+@pytest.mark.skipif(torchfeed.build_info()["jpeg"] is None, reason="built without libjpeg")
+def test_build_info_names_the_libjpeg_loaded_at_run_time():
+    runtime = torchfeed.build_info()["jpeg_runtime"]
+    path = runtime.split(" (")[0]
+    assert Path(path).exists() and "jpeg" in Path(path).name, runtime
+    # (another libjpeg than the headers' still decodes right: warnings are read by their text)
+    assert re.search(
+        r" \(its message codes (match the headers|differ from the headers': \d+ messages "
+        r"against \d+)\)$",
+        runtime,
+    ), runtime
+
+
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", code],

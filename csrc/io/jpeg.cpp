@@ -12,6 +12,7 @@
 #include "io/jpeg.h"
 
 #include <ATen/ATen.h>
+#include <dlfcn.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -22,8 +23,9 @@
 #include <vector>
 
 // jpeglib.h needs size_t and FILE declared first.
-#include <jerror.h>
 #include <jpeglib.h>
+// (after jpeglib.h) the codes of the headers, only to compare with the library loaded at run time
+#include <jerror.h>
 
 #include "common/py_repr.h"
 
@@ -53,32 +55,27 @@ struct ErrorManager {
 // rejects many others only when it reads on to the end of the file, which a window decode does
 // not. Refusing every corrupt-data warning means a window is returned only when every row of it
 // decoded cleanly. Other warnings (an unknown JFIF version, say) do not touch the pixels.
-bool corrupt_data(int code) {
-  switch (code) {
-    case JWRN_JPEG_EOF:         // premature end of the file
-    case JWRN_HIT_MARKER:       // premature end of a data segment
-    case JWRN_EXTRANEOUS_DATA:  // bytes before a marker
-    case JWRN_HUFF_BAD_CODE:    // bad Huffman code
-    case JWRN_MUST_RESYNC:      // a marker where a restart marker should be
-    case JWRN_BOGUS_PROGRESSION:
-      return true;
-    default:
-      return false;
-  }
+//
+// Warnings are told apart by the text the library at run time formats, never by their codes:
+// the libjpeg a process loads need not be the one whose jerror.h we compiled against (on the
+// 2026-12-04 H200 runs, built against libjpeg-turbo 2.1.5's headers, a truncated file's
+// "Premature end of JPEG file" went by as a harmless warning under the header's code for it),
+// and a code read against the wrong table could also turn a harmless warning into an error.
+bool corrupt_data(const char* text) {
+  return std::strncmp(text, "Corrupt JPEG data", 17) == 0 ||  // every corrupt-data warning
+         std::strncmp(text, "Premature end of JPEG file", 26) == 0 ||
+         std::strncmp(text, "Inconsistent progression sequence", 33) == 0;
 }
 
 void on_message(j_common_ptr cinfo, int level) {
   if (level >= 0) return;  // trace messages
-  if (cinfo->err->msg_code == JWRN_EXTRANEOUS_DATA &&
-      reinterpret_cast<ErrorManager*>(cinfo->err)->rows_cut) {
-    return;
-  }
   char text[JMSG_LENGTH_MAX];
   (*cinfo->err->format_message)(cinfo, text);
-  // The codes above, and any other "Corrupt JPEG data" of this libjpeg (bad arithmetic code...)
-  if (corrupt_data(cinfo->err->msg_code) || std::strncmp(text, "Corrupt JPEG data", 17) == 0) {
-    on_error(cinfo);
+  if (reinterpret_cast<ErrorManager*>(cinfo->err)->rows_cut &&
+      std::strstr(text, "extraneous bytes before marker") != nullptr) {
+    return;
   }
+  if (corrupt_data(text)) on_error(cinfo);
 }
 
 // One decompressor. Every libjpeg call runs inside one of the static functions below, which set
@@ -516,6 +513,26 @@ std::string jpeg_library_version() {
 #else
   return "libjpeg " + std::to_string(JPEG_LIB_VERSION);
 #endif
+}
+
+std::string jpeg_runtime_library() {
+  // The library this process resolved libjpeg's functions to, and whether its message table is
+  // the one of the headers we compiled against (a process can load another libjpeg first).
+  Dl_info where{};
+  std::string path =
+      dladdr(reinterpret_cast<void*>(&jpeg_std_error), &where) != 0 && where.dli_fname != nullptr
+          ? where.dli_fname
+          : "unknown";
+  jpeg_error_mgr err{};
+  jpeg_std_error(&err);
+  const bool same =
+      err.last_jpeg_message == static_cast<int>(JMSG_LASTMSGCODE) - 1 &&
+      err.jpeg_message_table != nullptr &&
+      std::strcmp(err.jpeg_message_table[JWRN_JPEG_EOF], "Premature end of JPEG file") == 0;
+  return path + (same ? " (its message codes match the headers)"
+                      : " (its message codes differ from the headers': " +
+                            std::to_string(err.last_jpeg_message + 1) + " messages against " +
+                            std::to_string(static_cast<int>(JMSG_LASTMSGCODE)) + ")");
 }
 
 }  // namespace torchfeed::io

@@ -42,5 +42,8 @@ struct ScanFilter {
 ScanFilter jpeg_scans_filtered(const at::Tensor& data, int64_t scale_denom, int64_t bottom);
 
 std::string jpeg_library_version();
+// The shared library libjpeg's functions resolved to in this process, and whether its message
+// codes are the compiled headers' (build_info()["jpeg_runtime"]).
+std::string jpeg_runtime_library();
 
 }  // namespace torchfeed::io

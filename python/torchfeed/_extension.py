@@ -52,8 +52,9 @@ if _isa_cap is not None and _isa_cap not in CPU_ISAS:
 
 def build_info() -> dict[str, Any]:
     """torchfeed's version, the torch it was built against, whether CUDA kernels were compiled
-    and for which architectures, whether crop-window JPEG decoding was built, and whether a GPU
-    is usable now."""
+    and for which architectures, whether crop-window JPEG decoding was built (``jpeg``: the
+    headers' libjpeg; ``jpeg_runtime``: the library this process loaded for it, and whether its
+    message codes are the headers'), and whether a GPU is usable now."""
     info = dict(C.build_info())
     info["cuda_archs"] = info["cuda_archs"].split()
     info["torch_version_now"] = torch.__version__

@@ -151,7 +151,9 @@ def stage_breakdown(
         },
     ]
     if device.type == "cuda":
-        ring = PinnedRing(4 * float_batch.nbytes)
+        # sized from what it stages, the decoded images (a batch of large photos is larger
+        # than its float output: the 2026-12-04 H200 run's --large bench failed on 54 MB)
+        ring = PinnedRing(max(4 * ragged.data.nbytes, 1 << 20))
 
         def pinned_copy():
             float_batch.pin_memory().to(device, non_blocking=True)
