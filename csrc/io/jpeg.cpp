@@ -57,10 +57,12 @@ struct ErrorManager {
 // decoded cleanly. Other warnings (an unknown JFIF version, say) do not touch the pixels.
 //
 // Warnings are told apart by the text the library at run time formats, never by their codes:
-// the libjpeg a process loads need not be the one whose jerror.h we compiled against (on the
-// 2026-12-04 H200 runs, built against libjpeg-turbo 2.1.5's headers, a truncated file's
-// "Premature end of JPEG file" went by as a harmless warning under the header's code for it),
-// and a code read against the wrong table could also turn a harmless warning into an error.
+// the libjpeg a process loads need not be the one whose jerror.h we compiled against (its
+// codes shift between libjpeg-turbo's 6.2 and 8 APIs, and between versions), and a code read
+// against the wrong table can let a corrupt-data warning go by, or refuse a harmless one. (On
+// the 2026-12-04 H200 runs a truncated file's first warning, "Premature end of JPEG file",
+// went by and the next one was reported; build_info()["jpeg_runtime"] says which libjpeg a
+// process loaded.)
 bool corrupt_data(const char* text) {
   return std::strncmp(text, "Corrupt JPEG data", 17) == 0 ||  // every corrupt-data warning
          std::strncmp(text, "Premature end of JPEG file", 26) == 0 ||

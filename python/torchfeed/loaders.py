@@ -56,7 +56,9 @@ class ZeroCopyLoader(ResumableLoader):
     with less, a worker can fill it with batches sent after the one the consumer waits for, and
     waits for room (``ring_timeout``, then an error); the loader warns at the first batch
     when the ring cannot hold them. ``ring_timeout`` is how long a worker
-    waits for space (seconds, or None: forever).
+    waits for space (seconds, or None: forever). One iterator at a time: a new ``iter(loader)``
+    takes back the ring regions of the previous iterator's batches, and that iterator then
+    raises a RuntimeError saying so (an ordinary DataLoader would run both).
     """
 
     def __init__(
