@@ -3,7 +3,11 @@ without libjpeg-turbo, DecodeRandomCrop in DataLoader workers, and every user er
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,6 +165,63 @@ def test_bad_box(kind, box, match):
     data = encode(picture(123, 157), "PNG") if kind == "png" else JPEGS[kind]()
     with pytest.raises(ValueError, match=match):
         decode_window(data, box)
+
+
+@needs_window_decoder
+@pytest.mark.parametrize(
+    ("text", "refused", "refused_with_rows_cut"),
+    [
+        ("Premature end of JPEG file", True, True),
+        ("Corrupt JPEG data: premature end of data segment", True, True),
+        ("Corrupt JPEG data: bad Huffman code", True, True),
+        ("Corrupt JPEG data: found marker 0xd9 instead of RST3", True, True),
+        ("Corrupt JPEG data: bad arithmetic code", True, True),
+        ("Inconsistent progression sequence for component 0 coefficient 1", True, True),
+        # a frame header cut short of its scans leaves their rest as "extraneous" bytes
+        ("Corrupt JPEG data: 12 extraneous bytes before marker 0xd9", True, False),
+        ("Warning: unknown JFIF revision number 1.03", False, False),
+        ("Invalid SOS parameters for sequential JPEG", False, False),
+    ],
+)
+def test_libjpeg_warnings_are_told_apart_by_their_text(text, refused, refused_with_rows_cut):
+    """The loaded libjpeg's own words decide, never the codes of the headers we compiled
+    against: those shift between libjpeg builds (6.2 and 8 APIs, versions)."""
+    assert torchfeed._C._testing.jpeg_warning_refused(text) is refused
+    assert torchfeed._C._testing.jpeg_warning_refused(text, rows_cut=True) is refused_with_rows_cut
+
+
+def other_libjpeg() -> str | None:
+    """The libjpeg-turbo that Pillow's wheel bundles (3.x, where the build's is 2.1.5 here)."""
+    import PIL
+
+    found = sorted((Path(PIL.__file__).parents[1] / "pillow.libs").glob("libjpeg-*.so*"))
+    return str(found[0]) if found else None
+
+
+@needs_window_decoder
+@pytest.mark.skipif(other_libjpeg() is None, reason="no second libjpeg (Pillow's bundled one)")
+def test_another_libjpeg_loaded_at_run_time_decodes_alike_and_says_so(tmp_path):
+    whole = JPEGS["4:2:0"]()
+    (tmp_path / "whole.jpg").write_bytes(whole)
+    (tmp_path / "cut.jpg").write_bytes(whole[: len(whole) // 2])
+    code = f"""
+import torch, torchfeed
+from torchfeed.decode import decode_window
+print(torchfeed.build_info()["jpeg_runtime"])
+data = open({str(tmp_path / "whole.jpg")!r}, "rb").read()
+torch.save(decode_window(data, (3, 5, 40, 50)), {str(tmp_path / "window.pt")!r})
+try:
+    decode_window(open({str(tmp_path / "cut.jpg")!r}, "rb").read(), (0, 0, 123, 157))
+except RuntimeError as e:
+    print(e)
+"""
+    env = {**os.environ, "LD_PRELOAD": other_libjpeg()}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.splitlines()  # fmt: skip
+    assert out[0].startswith(other_libjpeg() + " (its message codes "), out
+    assert out[1] == "decode_jpeg_window: corrupt JPEG: Premature end of JPEG file", out
+    window = torch.load(tmp_path / "window.pt")
+    assert torch.equal(window, decode_window(whole, (3, 5, 40, 50)))
 
 
 def test_truncated_jpeg_raises_like_pillow():

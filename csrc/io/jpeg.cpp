@@ -63,21 +63,13 @@ struct ErrorManager {
 // the 2026-12-04 H200 runs a truncated file's first warning, "Premature end of JPEG file",
 // went by and the next one was reported; build_info()["jpeg_runtime"] says which libjpeg a
 // process loaded.)
-bool corrupt_data(const char* text) {
-  return std::strncmp(text, "Corrupt JPEG data", 17) == 0 ||  // every corrupt-data warning
-         std::strncmp(text, "Premature end of JPEG file", 26) == 0 ||
-         std::strncmp(text, "Inconsistent progression sequence", 33) == 0;
-}
-
 void on_message(j_common_ptr cinfo, int level) {
   if (level >= 0) return;  // trace messages
   char text[JMSG_LENGTH_MAX];
   (*cinfo->err->format_message)(cinfo, text);
-  if (reinterpret_cast<ErrorManager*>(cinfo->err)->rows_cut &&
-      std::strstr(text, "extraneous bytes before marker") != nullptr) {
-    return;
+  if (jpeg_warning_refused(text, reinterpret_cast<ErrorManager*>(cinfo->err)->rows_cut)) {
+    on_error(cinfo);
   }
-  if (corrupt_data(text)) on_error(cinfo);
 }
 
 // One decompressor. Every libjpeg call runs inside one of the static functions below, which set
@@ -505,6 +497,13 @@ ScanFilter jpeg_scans_filtered(const at::Tensor& data, int64_t scale_denom, int6
   const int64_t keep_rows = bottom > 0 ? rows_for_window(d.cinfo, bottom, scale_denom) : 0;
   filter_scans(d, bytes, data.numel(), keep_rows, f);
   return f;
+}
+
+bool jpeg_warning_refused(const char* text, bool rows_cut) {
+  if (rows_cut && std::strstr(text, "extraneous bytes before marker") != nullptr) return false;
+  return std::strncmp(text, "Corrupt JPEG data", 17) == 0 ||  // every corrupt-data warning
+         std::strncmp(text, "Premature end of JPEG file", 26) == 0 ||
+         std::strncmp(text, "Inconsistent progression sequence", 33) == 0;
 }
 
 std::string jpeg_library_version() {

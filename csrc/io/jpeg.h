@@ -41,6 +41,11 @@ struct ScanFilter {
 };
 ScanFilter jpeg_scans_filtered(const at::Tensor& data, int64_t scale_denom, int64_t bottom);
 
+// Whether a libjpeg warning, as the loaded library formats it, refuses the decode: every
+// corrupt-data warning (a window is returned only when every row of it decoded cleanly), except
+// the extraneous bytes of a frame header cut short of its scans (rows_cut).
+bool jpeg_warning_refused(const char* text, bool rows_cut);
+
 std::string jpeg_library_version();
 // The shared library libjpeg's functions resolved to in this process, and whether its message
 // codes are the compiled headers' (build_info()["jpeg_runtime"]).

@@ -37,6 +37,13 @@ void bind(pybind11::module_& m) {
       pybind11::arg("data"), pybind11::arg("scale_denom"), pybind11::arg("bottom") = 0,
       "(bytes, scans, dropped, rows): the progressive JPEG the window decoder decodes at this "
       "scale for a window whose last row is bottom - 1 (0: the image's last row).");
+  t.def(
+      "jpeg_warning_refused",
+      [](const std::string& text, bool rows_cut) {
+        return io::jpeg_warning_refused(text.c_str(), rows_cut);
+      },
+      pybind11::arg("text"), pybind11::arg("rows_cut") = false,
+      "Whether the window decoder refuses a decode on this libjpeg warning text.");
 #endif
 }
 
