@@ -155,3 +155,14 @@ def test_debian_photos_refuses_bad_arguments(tmp_path, args, match):
     assert done.returncode == 2
     assert re.search(match, done.stderr), done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_gpu_checks_ring_probe_runs_here():
+    """scripts/gpu_ring_probe.py, gpu_check.sh's first step on a GPU machine, where it showed the
+    zero-copy tests' stale handle was not the ring's: here it must agree with the ring too
+    (without a GPU the ring is not page-locked), so it does not rot between GPU runs."""
+    result = run_script("gpu_ring_probe.py", timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "parent reads the child's batch: [7, 7, 7, 7]" in result.stdout
+    assert "tight loader: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]" in result.stdout
+    assert result.stdout.rstrip().endswith("== result: ok")
