@@ -45,6 +45,8 @@ status=0
 start_all=$(date +%s)
 : >"$report"
 say() { echo "$*" | tee -a "$report"; }
+# quote: stdin into the report (and the console), indented under the step it belongs to
+quote() { sed 's/^/      /' | tee -a "$report"; }
 
 # Everything must fit in the budget (seconds, 8 minutes by default): each step gets at most what
 # is left of it, and a step with under 15 s left is skipped.
@@ -73,7 +75,7 @@ step() {
     say "- $name: ok (${dt}s)"
   else
     say "- $name: FAILED rc=$rc (${dt}s); last lines:"
-    tail -n 25 "$logs/$name.log" | sed 's/^/      /' | tee -a "$report"
+    tail -n 25 "$logs/$name.log" | quote
     status=1
   fi
   return $rc
@@ -108,11 +110,11 @@ if ! step build 300 "$PY" -m pip install --no-build-isolation --no-deps -v \
   exit 1
 fi
 step build_info 60 "$PY" -c "import json, torchfeed; print(json.dumps(torchfeed.build_info()))"
-tail -n 1 "$logs/build_info.log" | sed 's/^/      /' | tee -a "$report"
+tail -n 1 "$logs/build_info.log" | quote
 # What a forked worker sees of a page-locked shared ring (the zero-copy tests' first handle was
 # stale on the 2026-12-04 run): mapping flags, shared writes, the tight loader's counters.
 step ring_probe 120 "$PY" scripts/gpu_ring_probe.py
-sed 's/^/      /' "$logs/ring_probe.log" | tee -a "$report"
+quote <"$logs/ring_probe.log"
 
 # The CUDA tests (every op CPU vs CUDA, ring event ordering) one at a time; the rest of the suite
 # next, in parallel over the host's cores (pytest-benchmark errors under xdist: -p no:benchmark).
@@ -123,11 +125,14 @@ per_test=()
 if "$PY" -c "import pytest_timeout" 2>/dev/null; then
   per_test=(--timeout "${GPU_CHECK_TEST_TIMEOUT:-150}")
 fi
-failures() { grep -E "(FAILED|ERROR) tests/" "$logs/$1.log" | sed 's/^.*\(FAILED\|ERROR\) /\1 /' | sort -u | head -n 30 | sed 's/^/      /' | tee -a "$report"; }
+# a test step's summary line, then every test it failed
+results() {
+  grep -E "passed|failed" "$logs/$1.log" | tail -n 1 | quote
+  grep -E "(FAILED|ERROR) tests/" "$logs/$1.log" | sed 's/^.*\(FAILED\|ERROR\) /\1 /' | sort -u | head -n 30 | quote
+}
 step tests_cuda 180 "$PY" -m pytest tests -v -p no:cacheprovider -m cuda "${per_test[@]}" \
   --junitxml="$logs/tests_cuda.xml"
-grep -E "passed|failed" "$logs/tests_cuda.log" | tail -n 1 | sed 's/^/      /' | tee -a "$report"
-failures tests_cuda
+results tests_cuda
 parallel=()
 if "$PY" -c "import xdist" 2>/dev/null; then
   parallel=(-n "$(( $(nproc) < 12 ? $(nproc) : 12 ))" -p no:benchmark)
@@ -137,19 +142,19 @@ select=()
 [[ -n "${GPU_CHECK_CPU_K:-}" ]] && select=(-k "$GPU_CHECK_CPU_K")
 step tests_cpu 200 "$PY" -m pytest tests -v -p no:cacheprovider -m "not cuda" "${parallel[@]}" \
   "${per_test[@]}" "${select[@]}" --tb=short --junitxml="$logs/tests_cpu.xml"
-grep -E "passed|failed" "$logs/tests_cpu.log" | tail -n 1 | sed 's/^/      /' | tee -a "$report"
-failures tests_cpu
+results tests_cpu
 
-# memcheck (not over the fence tests: their long sleep kernels ran 3 tests in 128 s under it on
-# 2026-12-04; they hold no kernel of ours) and the benchmarks after the CPU suite: it also runs in CI (torch 2.14), but only here
-# with a GPU present, where rings are page-locked and batches are RingTensors (the 2026-12-04 run
-# lost its CPU failures' names to a step killed at its limit).
+# memcheck and the benchmarks after the CPU suite: that also runs in CI (torch 2.14), but only
+# here with a GPU present, where rings are page-locked and batches are RingTensors (the
+# 2026-12-04 run lost its CPU failures' names to a step killed at its limit). memcheck leaves
+# out the fence tests: their long sleep kernels ran 3 tests in 128 s under it on 2026-12-04,
+# and they hold no kernel of ours.
 if [[ $gpu == 1 ]]; then
   if command -v compute-sanitizer >/dev/null; then
     step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 99 \
       "$PY" -m pytest tests -q -x -p no:cacheprovider -m cuda -k "not compile" \
       --ignore=tests/memory/test_fenced.py
-    grep -E "ERROR SUMMARY|passed|failed" "$logs/memcheck.log" | tail -n 2 | sed 's/^/      /' | tee -a "$report"
+    grep -E "ERROR SUMMARY|passed|failed" "$logs/memcheck.log" | tail -n 2 | quote
   else
     say "- memcheck: compute-sanitizer not found"
     status=1
@@ -158,12 +163,12 @@ if [[ $gpu == 1 ]]; then
   if [[ "${GPU_CHECK_BENCH:-1}" == 1 ]]; then
     step gpu_bench 240 "$PY" -m pytest bench -q -p no:cacheprovider -m cuda --benchmark-only \
       --benchmark-columns=median,iqr,rounds --benchmark-json="$out/gpu_bench.json"
-    sed -n '/torchfeed vs baselines/,/^$/p' "$logs/gpu_bench.log" | sed 's/^/      /' | tee -a "$report"
+    sed -n '/torchfeed vs baselines/,/^$/p' "$logs/gpu_bench.log" | quote
     # the main job on the GPU: baseline, torchfeed (ring, fused on the GPU), zero copy, GPU decode
     step torchfeed_bench 240 "$PY" -m torchfeed bench --device cuda --epochs 2 --images 512 \
       --text-samples 8192 --batch-size 64 --workers 4 --no-progress \
       --cache-dir /tmp/torchfeed-cache --json "$out/torchfeed_bench.json"
-    sed -n '1,/^machine:/p' "$logs/torchfeed_bench.log" | sed 's/^/      /' | tee -a "$report"
+    sed -n '1,/^machine:/p' "$logs/torchfeed_bench.log" | quote
   else
     say "- gpu_bench, torchfeed_bench: skipped (GPU_CHECK_BENCH=0)"
   fi
