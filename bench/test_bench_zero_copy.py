@@ -145,6 +145,27 @@ def test_tokens_ordinary_path(benchmark, role, token_samples):
     assert benchmark.pedantic(epoch(make(token_samples, collate, False)), rounds=5) == BATCHES
 
 
+TUPLES = "loader 16 padded token batches of 64, (tokens, label) tuple samples (CPU, 2 workers)"
+
+
+def test_token_tuples_recycled(benchmark, role, token_samples):
+    benchmark.group = TUPLES
+    role("torchfeed")
+    # the plain-PyTorch habit: a Dataset returning (tokens, label); a tuple batch of a Padded
+    # (padded, mask, lengths) and the labels, written into the worker's reused memory
+    tuples = Precomputed([(s["input_ids"], s["label"]) for s in token_samples.samples])
+    collate = PadCollate([0])
+    assert benchmark.pedantic(epoch(make(tuples, collate, False)), rounds=5) == BATCHES
+
+
+def test_token_tuples_ordinary_path(benchmark, role, token_samples):
+    benchmark.group = TUPLES
+    role("baseline")
+    tuples = Precomputed([(s["input_ids"], s["label"]) for s in token_samples.samples])
+    collate = PadCollate([0], recycle=False)
+    assert benchmark.pedantic(epoch(make(tuples, collate, False)), rounds=5) == BATCHES
+
+
 def to_device_epoch(dl, prefetch: bool):
     def run():
         n = 0

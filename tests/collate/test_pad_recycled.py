@@ -1,20 +1,24 @@
-"""PadCollate in an ordinary DataLoader's workers with recycle=True (the default): dict batches
-written into the worker's reused shared memory arrive as plain dicts equal to the ordinary
-path's, with fork and spawn, over epochs; a consumer keeping batches never waits; a batch changed
-after the collate, tuple samples and recycle=False take the ordinary path."""
+"""PadCollate in an ordinary DataLoader's workers with recycle=True (the default): dict, tuple,
+list and namedtuple batches written into the worker's reused shared memory arrive as the plain
+types, equal to the ordinary path's, with fork and spawn, over epochs; a consumer keeping batches
+never waits; a batch changed after the collate, a batch of another type and recycle=False take
+the ordinary path."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import gc
 import pickle
 from multiprocessing.reduction import ForkingPickler
+from typing import NamedTuple
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from torchfeed import PadCollate, RaggedBatch
+from torchfeed._tree import tensors_of
 from torchfeed.memory import _recycled
 
 from helpers import text_sample
@@ -24,16 +28,37 @@ def sample(i: int) -> dict:
     return text_sample(i, longest=39, label_lists=True)  # zero-length sequences among them
 
 
+class Pair(NamedTuple):
+    ids: torch.Tensor
+    label: int
+
+
+KINDS = ("dict", "tuple", "list", "namedtuple", "tensor")
+RAGGED = {"dict": None, "tuple": [0, 1], "list": [0], "namedtuple": [0], "tensor": None}
+
+
+def as_kind(s: dict, kind: str):
+    """Sample ``s`` as a dataset of that kind returns it."""
+    if kind == "tuple":
+        return (s["input_ids"], s["labels"], s["label"])
+    if kind == "list":
+        return [s["input_ids"], s["image"], s["label"]]
+    if kind == "namedtuple":
+        return Pair(s["input_ids"], s["label"])
+    if kind == "tensor":
+        return s["input_ids"]
+    return s
+
+
 class Samples(Dataset):
-    def __init__(self, n=37, tuples=False):
-        self.n, self.tuples = n, tuples
+    def __init__(self, n=37, kind="dict"):
+        self.n, self.kind = n, kind
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        s = sample(i)
-        return (s["input_ids"], s["label"]) if self.tuples else s
+        return as_kind(sample(i), self.kind)
 
 
 def in_recycled_memory(t: torch.Tensor) -> bool:
@@ -42,24 +67,34 @@ def in_recycled_memory(t: torch.Tensor) -> bool:
     return not t.is_shared()
 
 
-def leaves(batch: dict) -> list[torch.Tensor]:
-    out = []
-    for v in batch.values():
-        out += list(v.tensors()) if isinstance(v, RaggedBatch) else [v]
-    return [t for t in out if isinstance(t, torch.Tensor)]
+def leaves(batch) -> list[torch.Tensor]:
+    return [t for t in tensors_of(batch) if isinstance(t, torch.Tensor)]
 
 
 def same(a, b) -> None:
-    assert type(a) is dict and a.keys() == b.keys()
-    for k in a:
-        x, y = a[k], b[k]
-        if isinstance(y, RaggedBatch):
-            x, y = list(x.tensors()), list(y.tensors())
-            assert all(torch.equal(p, q) and p.dtype == q.dtype for p, q in zip(x, y, strict=True))
-        elif isinstance(y, torch.Tensor):
-            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), k
-        else:
-            assert x == y, k
+    """``a`` is ``b``'s type (a plain dict, tuple, list, namedtuple: never a recycled one) with
+    equal contents."""
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(b, RaggedBatch):
+        x, y = list(a.tensors()), list(b.tensors())
+        assert all(torch.equal(p, q) and p.dtype == q.dtype for p, q in zip(x, y, strict=True))
+    elif isinstance(b, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(b, dict):
+        assert list(a) == list(b)
+        for k in b:
+            same(a[k], b[k])
+    elif isinstance(b, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            same(x, y)
+    else:
+        assert a == b
+
+
+def batch_of(data: Dataset, b: int) -> list:
+    """The samples of batch ``b`` (of 8) of ``data``."""
+    return [data[i] for i in range(8 * b, min(8 * b + 8, len(data)))]
 
 
 def loader(collate, dataset=None, **kw):
@@ -80,6 +115,35 @@ def test_recycled_batches_are_the_ordinary_ones(context, persistent, packed):
             same(a, PadCollate(**args)([sample(i) for i in range(8 * b, min(8 * b + 8, 37))]))
             assert all(in_recycled_memory(t) for t in leaves(a))
             assert not any(in_recycled_memory(t) for t in leaves(o))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("kind", KINDS[1:])
+def test_tuple_list_namedtuple_and_tensor_batches_recycle_too(kind, packed):
+    # what PadCollate makes of them: a tuple (a Padded namedtuple per ragged position), a list,
+    # a namedtuple, a Padded; packed, the ragged fields are RaggedBatches (a packed batch of bare
+    # tensors is a RaggedBatch alone: not a container that crosses recycled)
+    ragged = RAGGED[kind]
+    data = Samples(kind=kind)
+    ours = loader(PadCollate(ragged, packed=packed), data, persistent_workers=True)
+    plain = loader(PadCollate(ragged, packed=packed, recycle=False), data)
+    for _ in range(2):
+        for b, (a, o) in enumerate(zip(ours, plain, strict=True)):
+            want = PadCollate(ragged, packed=packed)(batch_of(data, b))
+            same(a, o)
+            same(a, want)
+            recycled = not (packed and kind == "tensor")
+            assert all(in_recycled_memory(t) == recycled for t in leaves(a)), kind
+            assert not any(in_recycled_memory(t) for t in leaves(o))
+
+
+def test_namedtuple_batches_recycle_with_spawn():
+    data = Samples(kind="namedtuple")
+    batches = list(loader(PadCollate([0]), data, multiprocessing_context="spawn"))
+    assert [type(b) for b in batches] == [Pair] * 5
+    for b, batch in enumerate(batches):
+        same(batch, PadCollate([0])(batch_of(data, b)))
+        assert all(in_recycled_memory(t) for t in leaves(batch))
 
 
 def test_a_consumer_keeping_every_batch_never_waits(monkeypatch):
@@ -125,11 +189,47 @@ def test_a_batch_changed_after_the_collate_arrives_as_changed(collate, recycled,
         assert in_recycled_memory(batch["input_ids"]) == recycled
 
 
-def test_tuple_samples_and_recycle_false_take_the_ordinary_path():
-    for ids, labels in loader(PadCollate(), dataset=Samples(tuples=True)):
-        assert not in_recycled_memory(ids.padded) and not in_recycled_memory(labels)
-    for batch in loader(PadCollate(recycle=False)):
+def append_to_a_list(batch):
+    out = PadCollate([0])(batch)
+    out.append(torch.ones(2))
+    return out
+
+
+def replace_in_a_list(batch):
+    out = PadCollate([0])(batch)
+    out[2] = out[2] + 1
+    return out
+
+
+def replace_in_a_namedtuple(batch):
+    return PadCollate([0])(batch)._replace(label=torch.zeros(2))
+
+
+@pytest.mark.parametrize(
+    ("kind", "collate", "edit"),
+    [
+        ("list", append_to_a_list, lambda w: w.append(torch.ones(2))),
+        ("list", replace_in_a_list, lambda w: w.__setitem__(2, w[2] + 1)),
+        ("namedtuple", replace_in_a_namedtuple, None),
+    ],
+    ids=["list_append", "list_replace", "namedtuple_replace"],
+)
+def test_a_list_or_namedtuple_changed_after_the_collate_arrives_as_changed(kind, collate, edit):
+    data = Samples(kind=kind)
+    for b, batch in enumerate(loader(collate, data)):
+        want = PadCollate([0])(batch_of(data, b))
+        if edit is None:
+            want = want._replace(label=torch.zeros(2))
+        else:
+            edit(want)
+        same(batch, want)
         assert not any(in_recycled_memory(t) for t in leaves(batch))
+
+
+def test_recycle_false_takes_the_ordinary_path():
+    for kind in ("dict", "tuple"):
+        for batch in loader(PadCollate(recycle=False), Samples(kind=kind)):
+            assert not any(in_recycled_memory(t) for t in leaves(batch))
 
 
 def test_outside_workers_a_plain_dict():
@@ -137,23 +237,34 @@ def test_outside_workers_a_plain_dict():
     assert type(out) is dict
 
 
-def test_a_recycled_batch_pickles_and_copies_as_a_plain_dict(monkeypatch):
+@pytest.mark.parametrize(
+    ("kind", "recycled_type"),
+    [
+        ("dict", _recycled.RecycledDict),
+        ("tuple", _recycled.RecycledTuple),
+        ("list", _recycled.RecycledList),
+        ("namedtuple", Pair),  # a recycled subclass of it
+    ],
+)
+def test_a_recycled_batch_pickles_and_copies_as_its_plain_type(monkeypatch, kind, recycled_type):
     monkeypatch.setattr(_recycled, "get_worker_info", lambda: object())  # as in a worker
     monkeypatch.setattr(_recycled, "_worker_ring_pid", -1)  # a ring of this process's own
     monkeypatch.setattr("torchfeed.collate._fields.get_worker_info", lambda: object())
-    batch = PadCollate()([sample(i) for i in range(5)])
-    want = PadCollate(recycle=False)([sample(i) for i in range(5)])
-    assert isinstance(batch, _recycled.RecycledDict)
+    ragged = RAGGED[kind]
+    samples = [as_kind(sample(i), kind) for i in range(1, 6)]
+    batch = PadCollate(ragged)(samples)
+    want = PadCollate(ragged, recycle=False)(samples)
+    assert isinstance(batch, recycled_type) and type(batch) is not type(want)
     for again in (pickle.loads(pickle.dumps(batch)), copy.deepcopy(batch), copy.copy(batch)):
-        assert type(again) is dict
         same(again, want)
-    # through a DataLoader queue's pickler: the region's handle, then a dict viewing it
+    # through a DataLoader queue's pickler: the region's handle, then the batch viewing it
     sent = ForkingPickler.loads(bytes(ForkingPickler.dumps(batch)))
-    assert type(sent) is dict
     same(sent, want)
-    batch["input_ids"][0, 0] = 99  # the same memory, through another mapping of it
-    assert int(sent["input_ids"][0, 0]) == 99 and in_recycled_memory(sent["input_ids"])
-    del batch, sent
+    first = sent["input_ids"] if kind == "dict" else sent[0].padded
+    mine = batch["input_ids"] if kind == "dict" else batch[0].padded
+    mine[0, 0] = 99  # the same memory, through another mapping of it
+    assert int(first[0, 0]) == 99 and in_recycled_memory(first)
+    del batch, sent, first, mine
     gc.collect()
 
 
@@ -166,9 +277,31 @@ def test_what_cannot_arrive_as_it_left_takes_the_ordinary_path(monkeypatch, tens
     monkeypatch.setattr(_recycled, "get_worker_info", lambda: object())  # as in a worker
     monkeypatch.setattr(_recycled, "_worker_ring_pid", -1)
     batch = {"x": tensor, "y": [1, 2]}
-    assert _recycled.recycle_dict(batch) is batch
+    assert _recycled.recycle_batch(batch) is batch
     plain = {"x": torch.arange(3), "y": [1, 2]}
-    assert isinstance(_recycled.recycle_dict(plain), _recycled.RecycledDict)
+    assert isinstance(_recycled.recycle_batch(plain), _recycled.RecycledDict)
+
+
+class Batch:
+    def __init__(self, x):
+        self.x = x
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        collections.OrderedDict(x=torch.arange(3)),
+        collections.UserDict(x=torch.arange(3)),
+        Batch(torch.arange(3)),
+        torch.arange(3),
+    ],
+    ids=["OrderedDict", "UserDict", "own_class", "tensor"],
+)
+def test_a_batch_of_another_type_takes_the_ordinary_path(monkeypatch, batch):
+    # it would not arrive as the type that left (or holds tensors the walk does not see)
+    monkeypatch.setattr(_recycled, "get_worker_info", lambda: object())
+    monkeypatch.setattr(_recycled, "_worker_ring_pid", -1)
+    assert _recycled.recycle_batch(batch) is batch
 
 
 class Growing(Dataset):

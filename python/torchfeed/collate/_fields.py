@@ -164,16 +164,15 @@ def leave_worker(
     collate: Callable[[bool], Any],
     shared_ring: SharedRing | None = None,
     recycle: bool = False,
-    recyclable: bool = True,
 ) -> Any:
     """A collate's batch in the form it leaves the process it is made in. ``collate(private)``
     makes it; ``private`` keeps fixed fields out of the worker's shared memory, for a batch that
     is copied once more anyway. Outside a DataLoader worker: ``collate(False)``. In one: packed
-    into ``shared_ring`` when given (zero copy); else, with ``recycle`` and a ``recyclable``
-    batch (a dict), written into the worker's recycled memory; else ``collate(False)``."""
+    into ``shared_ring`` when given (zero copy); else, with ``recycle``, a dict, list, tuple or
+    namedtuple batch is written into the worker's recycled memory; else ``collate(False)``."""
     if get_worker_info() is not None:
         if shared_ring is not None:
             return shared_ring.pack(collate(True))
-        if recycle and recyclable:
-            return _recycled.recycle_dict(collate(True))
+        if recycle:
+            return _recycled.recycle_batch(collate(True))
     return collate(False)

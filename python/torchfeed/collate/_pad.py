@@ -59,9 +59,10 @@ class PadCollate:
     ``truncation_side``) apply to every ragged field. Picklable, so it runs in DataLoader
     workers. :meth:`from_tokenizer` gives the collate of a Hugging Face tokenizer's outputs.
 
-    In an ordinary DataLoader's workers, ``recycle=True`` (the default) writes a batch of dict
-    samples into shared memory each worker reuses, batch after batch, instead of a fresh
-    shared-memory file per tensor: the main process gets a plain dict whose tensors view that
+    In an ordinary DataLoader's workers, ``recycle=True`` (the default) writes each batch of
+    dict, tuple, list or namedtuple samples (or of bare tensors, unless ``packed``) into shared
+    memory each worker reuses, batch after batch, instead of a fresh shared-memory file per
+    tensor: the main process gets a plain dict (tuple, list, namedtuple) whose tensors view that
     memory, which goes back to the worker once they are freed (as
     :class:`~torchfeed.ImageCollate` does). When the consumer keeps many batches, or the batch is
     changed in the worker after this collate, it takes the ordinary path; ``recycle=False``
@@ -237,10 +238,7 @@ class PadCollate:
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         return leave_worker(
-            lambda private: self._collate(batch, private),
-            self.shared_ring,
-            self.recycle,
-            recyclable=bool(batch) and isinstance(batch[0], Mapping),  # dict samples: a dict
+            lambda private: self._collate(batch, private), self.shared_ring, self.recycle
         )
 
     def _collate(self, batch: Sequence[Any], private: bool) -> Any:

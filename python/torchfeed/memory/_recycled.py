@@ -31,7 +31,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from multiprocessing.reduction import DupFd, ForkingPickler
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -41,7 +41,16 @@ from torchfeed._extension import C, physical_memory
 from torchfeed._tree import tensors_of
 from torchfeed.memory._shared_ring import SharedRing, batch_layout, place_batch, view_batch
 
-__all__ = ["Lent", "RecycledDict", "lend", "receive", "recycle_dict"]
+__all__ = [
+    "Lent",
+    "RecycledDict",
+    "RecycledList",
+    "RecycledTuple",
+    "lend",
+    "receive",
+    "recyclable",
+    "recycle_batch",
+]
 
 # A worker's ring holds this many batches of its first one's size: the batches the DataLoader
 # queues from it (prefetch_factor, 2 by default), the one it is writing and the one the training
@@ -195,30 +204,87 @@ def receive(fd: Any, slot: int, generation: int, nbytes: int, owner: int) -> Ten
     return ring.view(slot, generation, nbytes)
 
 
-class RecycledDict(dict):
+def _items(batch: Any) -> list[tuple[Any, Any]]:
+    """(key, value) of each field of a batch: a dict's items, a sequence's positions."""
+    return list(batch.items()) if isinstance(batch, dict) else list(enumerate(batch))
+
+
+class _Recycled:
+    """What a recycled batch carries in the worker: the region it lies in, where each tensor lies
+    in it (``_tree``: the batch with each tensor replaced by its place), and its fields as
+    collated, to tell a batch changed after collating."""
+
+    _lent: Lent
+    _tree: Any
+    _collated: list[tuple[Any, Any]]
+
+    def unchanged(self) -> bool:
+        collated = getattr(self, "_collated", None)  # None: made from one (namedtuple._replace)
+        now = _items(self)
+        return (
+            collated is not None
+            and len(now) == len(collated)
+            and all(k == j and v is w for (k, v), (j, w) in zip(now, collated, strict=True))
+        )
+
+
+class RecycledDict(_Recycled, dict):
     """A collate's dict batch with its tensors in this worker's recycled memory. In the worker it
     is the batch; crossing the DataLoader's queue it is the region's handle and where each
     tensor lies in it, and it arrives as a plain dict whose tensors view the region. A batch
     changed after collating (a field added, removed or replaced) crosses as an ordinary dict."""
 
-    _lent: Lent
-    _tree: dict  # the batch with each tensor replaced by where it lies in the region
-    _values: dict  # the fields as collated, to tell a changed batch
-
-    def unchanged(self) -> bool:
-        return self.keys() == self._values.keys() and all(
-            self[k] is v for k, v in self._values.items()
-        )
-
     def __reduce__(self) -> tuple[Any, ...]:  # pickle, copy: an ordinary dict
         return dict, (dict(self),)
 
 
-def recycle_dict(batch: dict) -> dict:
-    """``batch`` with its tensors copied into this worker's recycled memory, as a
-    :class:`RecycledDict`; ``batch`` itself outside a worker, when it holds no tensor, or when
-    the ring has no room now."""
-    if not all(
+class RecycledList(_Recycled, list):
+    """A list batch in recycled memory (as :class:`RecycledDict`); it arrives as a plain list,
+    and crosses as an ordinary one when an element was added, removed or replaced."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return list, (list(self),)
+
+
+class RecycledTuple(_Recycled, tuple):
+    """A tuple batch in recycled memory (as :class:`RecycledDict`); it arrives as a plain
+    tuple."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return tuple, (tuple(self),)
+
+
+_named: dict[type, type] = {}  # a namedtuple type -> its recycled subclass
+
+
+def _recycled_named(cls: type) -> type:
+    """The recycled subclass of namedtuple type ``cls`` (made once): it arrives, pickles and
+    copies as ``cls``."""
+    sub = _named.get(cls)
+    if sub is None:
+        sub = type(
+            f"Recycled{cls.__name__}",
+            (_Recycled, cls),
+            {"__reduce__": lambda self: (cls, tuple(self)), "__module__": __name__},
+        )
+        ForkingPickler.register(sub, _reduce_for_queue)
+        _named[cls] = sub
+    return sub
+
+
+def recyclable(batch: Any) -> bool:
+    """Whether :func:`recycle_batch` can send ``batch`` through recycled memory: a dict, list,
+    tuple or namedtuple (exactly these types, so that what arrives is the type that left)."""
+    kind = type(batch)
+    return kind in (dict, list, tuple) or (issubclass(kind, tuple) and hasattr(kind, "_fields"))
+
+
+def recycle_batch(batch: Any) -> Any:
+    """``batch`` (a dict, list, tuple or namedtuple) with its tensors copied into this worker's
+    recycled memory, as a recycled subclass of its type that the DataLoader's queue sends as the
+    region's handle; ``batch`` itself outside a worker, when it is of another type, holds no
+    tensor or a tensor that could not arrive as it left, or when the ring has no room now."""
+    if not recyclable(batch) or not all(
         t.device.type == "cpu" and t.layout == torch.strided and not t.requires_grad
         for t in tensors_of(batch)
     ):
@@ -229,19 +295,30 @@ def recycle_dict(batch: dict) -> dict:
         return batch
     buf, record = lent
     tree = place_batch(batch, buf, layout)
-    out = RecycledDict(view_batch(tree, buf))
-    out._lent, out._tree, out._values = record, tree, dict(out)
+    viewed = view_batch(tree, buf)
+    kind = type(batch)
+    out: Any
+    if kind is dict:
+        out = RecycledDict(viewed)
+    elif kind is list:
+        out = RecycledList(viewed)
+    elif kind is tuple:
+        out = RecycledTuple(viewed)
+    else:
+        out = _recycled_named(kind)(*viewed)
+    out._lent, out._tree, out._collated = record, tree, _items(out)
     return out
 
 
-def _reduce_for_queue(batch: RecycledDict) -> tuple[Any, ...]:
+def _reduce_for_queue(batch: _Recycled) -> tuple[Any, ...]:
     if batch.unchanged() and batch._lent.hand_over():
         return _received, (*batch._lent.reduce_args(), batch._tree)
-    return dict, (dict(batch),)
+    return cast(tuple[Any, ...], batch.__reduce__())  # the ordinary type's
 
 
-def _received(fd: Any, slot: int, generation: int, nbytes: int, owner: int, tree: dict) -> dict:
+def _received(fd: Any, slot: int, generation: int, nbytes: int, owner: int, tree: Any) -> Any:
     return view_batch(tree, receive(fd, slot, generation, nbytes, owner))
 
 
-ForkingPickler.register(RecycledDict, _reduce_for_queue)
+for _kind in (RecycledDict, RecycledList, RecycledTuple):
+    ForkingPickler.register(_kind, _reduce_for_queue)
