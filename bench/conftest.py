@@ -63,22 +63,25 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def paired_lines(group: str, paired: dict[str, list[float]] | None) -> list[str]:
-    """torchfeed against each other in rounds timed together (``extra_info["paired"]``: per-round
-    seconds by role): the ratio of the medians and the median of the per-round ratios."""
-    if not paired or "torchfeed" not in paired:
+    """Each torchfeed role (``torchfeed``, ``torchfeed kernel``...) against each other role in
+    rounds timed together (``extra_info["paired"]``: per-round seconds by role): the ratio of
+    the medians and the median of the per-round ratios."""
+    if not paired:
         return []
-    ours = paired["torchfeed"]
     lines = []
-    for kind, theirs in paired.items():
-        if kind == "torchfeed":
+    for name, ours in paired.items():
+        if not name.startswith("torchfeed"):
             continue
-        per_round = statistics.median(t / o for t, o in zip(theirs, ours, strict=True))
-        mine, other = statistics.median(ours), statistics.median(theirs)
-        lines.append(
-            f"{group:<34} paired, {len(ours)} rounds: torchfeed vs {kind:<8} "
-            f"{mine * 1e6:10.1f} us vs {other * 1e6:10.1f} us  -> {other / mine:5.2f}x "
-            f"(per-round median {per_round:5.2f}x)"
-        )
+        for kind, theirs in paired.items():
+            if kind.startswith("torchfeed"):
+                continue
+            per_round = statistics.median(t / o for t, o in zip(theirs, ours, strict=True))
+            mine, other = statistics.median(ours), statistics.median(theirs)
+            lines.append(
+                f"{group:<34} paired, {len(ours)} rounds: {name} vs {kind:<8} "
+                f"{mine * 1e6:10.1f} us vs {other * 1e6:10.1f} us  -> {other / mine:5.2f}x "
+                f"(per-round median {per_round:5.2f}x)"
+            )
     return lines
 
 
