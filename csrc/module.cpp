@@ -46,6 +46,8 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "cpu_isa", [] { return std::string(torchfeed::cpu_isa_name(torchfeed::cpu_isa())); },
       "Instruction set the CPU kernels use: 'avx2' or 'baseline'.");
+  m.def("process_alive", &torchfeed::process_alive, pybind11::arg("pid"),
+        "False only when there is no process `pid` (kill(pid, 0) says ESRCH), or pid <= 0.");
   m.def("physical_memory", &torchfeed::physical_memory,
         "This machine's physical memory in bytes (0 when unknown), the bound on a ring's arena.");
 #ifdef TORCHFEED_WITH_JPEG

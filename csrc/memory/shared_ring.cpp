@@ -25,10 +25,6 @@ constexpr int32_t kFree = 0;
 constexpr int32_t kWorker = 1;
 constexpr int32_t kConsumer = 2;
 
-// Only "no such process" means dead: a sandbox that refuses the probe otherwise (EPERM, or a
-// seccomp filter's own errno) must not have the regions of live workers reclaimed under them.
-bool process_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
-
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
 void check(int rc, const char* what) {
@@ -41,6 +37,10 @@ int64_t mapping_size(int64_t capacity) {
 }
 
 }  // namespace
+
+// Only "no such process" means dead: a sandbox that refuses the probe otherwise (EPERM, or a
+// seccomp filter's own errno) must not have the regions of live workers reclaimed under them.
+bool process_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
 
 SharedRing::SharedRing(int64_t base, int64_t size)
     : base_(base), size_(size), control_(reinterpret_cast<SharedControl*>(base)) {}

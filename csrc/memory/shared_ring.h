@@ -26,6 +26,11 @@
 
 namespace torchfeed {
 
+// Whether process `pid` may be alive: false only when the system says there is no such process.
+// The one test of a ring's owner or of a region's worker, in C++ and (bound as
+// torchfeed._C.process_alive) in Python.
+bool process_alive(int32_t pid);
+
 constexpr int kSharedRingSlots = 128;
 
 struct SharedSlot {

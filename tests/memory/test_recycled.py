@@ -250,7 +250,8 @@ class CountingAttach:
                 self.calls += 1
                 return real._SharedRing.attach(fd)
 
-        monkeypatch.setattr(_recycled, "C", type("C", (), {"_SharedRing": Ring}))
+        fake = {"_SharedRing": Ring, "process_alive": real.process_alive}
+        monkeypatch.setattr(_recycled, "C", type("C", (), fake))
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -297,6 +298,21 @@ def test_a_mapping_goes_once_its_worker_has_exited(monkeypatch):
         assert recycled(images)
         for k, image in enumerate(images.images()):
             assert torch.equal(image, ds[4 * b + k][0].permute(2, 0, 1))
+
+
+def test_a_process_is_dead_only_when_the_system_has_no_such_process():
+    # the one test of a worker's life, C++'s, for rings and for these mappings alike
+    from torchfeed._extension import C
+
+    assert C.process_alive(os.getpid())
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    assert C.process_alive(child)  # exited, not yet reaped: still a process (a zombie)
+    os.waitpid(child, 0)
+    assert not C.process_alive(child)
+    assert not C.process_alive(0) and not C.process_alive(-1)
+    assert C.process_alive(1)  # another user's process (EPERM outside a sandbox): alive
 
 
 def test_a_forked_child_keeps_none_of_its_parents_mappings():

@@ -148,7 +148,7 @@ class _Mappings:
             if kept is not None and kept[1] == owner:
                 return kept[0]
             ring = C._SharedRing.attach(fd)
-            if _alive(owner):  # else not kept: it lives as long as the batches viewing it
+            if C.process_alive(owner):  # else not kept: it lives as long as the batches viewing it
                 if not self.rings:
                     gc.callbacks.append(self._collected)
                 self.rings[key] = (ring, owner)
@@ -156,7 +156,7 @@ class _Mappings:
 
     def _drop_exited(self) -> None:
         self.checked = time.monotonic()
-        for key in [k for k, (_, owner) in self.rings.items() if not _alive(owner)]:
+        for key in [k for k, (_, owner) in self.rings.items() if not C.process_alive(owner)]:
             del self.rings[key]
         if not self.rings and self._collected in gc.callbacks:
             gc.callbacks.remove(self._collected)
@@ -176,16 +176,6 @@ class _Mappings:
             gc.callbacks.remove(self._collected)
         self.rings = {}
         self.lock = threading.Lock()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _mappings = _Mappings()
