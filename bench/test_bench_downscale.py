@@ -24,6 +24,7 @@ import torch
 from torchvision.transforms.v2 import functional as TF
 
 import torchfeed
+from torchfeed.ops._image_op import ImageOptions
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -67,7 +68,8 @@ def torchfeed_run(crop) -> Callable[[], torch.Tensor]:
 
 def kernel_run(crop) -> Callable[[], torch.Tensor]:
     """The kernel op alone, with the geometry planned once: what a batch call costs per image,
-    without the host side of a one-image call (options, checks, planning, ~50-90 us here)."""
+    without the host side of a one-image call (options, checks, planning: ~50 us here timed
+    alone, 120-190 us run cold between the kernels of paired rounds)."""
     image, box, _ = crop
     out = torch.empty(1, 3, OUT, OUT)
     grid = torch.ops.torchfeed.resized_crop_grid(
@@ -75,8 +77,8 @@ def kernel_run(crop) -> Callable[[], torch.Tensor]:
     )
     flips = torch.tensor([True])
     op = torch.ops.torchfeed.crop_flip_normalize_list_out.default
-    bilinear = 1
-    return lambda: op([image], grid, flips, bilinear, True, MEAN, STD, out, False)
+    mode = ImageOptions(MEAN, STD).mode  # the op's code for bilinear
+    return lambda: op([image], grid, flips, mode, True, MEAN, STD, out, False)
 
 
 def torchvision_run(crop) -> Callable[[], torch.Tensor]:

@@ -48,7 +48,6 @@ __all__ = [
     "RecycledTuple",
     "lend",
     "receive",
-    "recyclable",
     "recycle_batch",
 ]
 
@@ -202,8 +201,10 @@ def _items(batch: Any) -> list[tuple[Any, Any]]:
 class _Recycled:
     """What a recycled batch carries in the worker: the region it lies in, where each tensor lies
     in it (``_tree``: the batch with each tensor replaced by its place), and its fields as
-    collated, to tell a batch changed after collating."""
+    collated, to tell a batch changed after collating. It pickles and copies as ``_plain``, the
+    type it was collated as."""
 
+    _plain: type
     _lent: Lent
     _tree: Any
     _collated: list[tuple[Any, Any]]
@@ -217,6 +218,12 @@ class _Recycled:
             and all(k == j and v is w for (k, v), (j, w) in zip(now, collated, strict=True))
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle, copy: the ordinary type
+        plain = self._plain
+        if _is_named(plain):
+            return plain, tuple(cast(tuple, self))  # a namedtuple takes its fields one by one
+        return plain, (plain(self),)
+
 
 class RecycledDict(_Recycled, dict):
     """A collate's dict batch with its tensors in this worker's recycled memory. In the worker it
@@ -224,49 +231,44 @@ class RecycledDict(_Recycled, dict):
     tensor lies in it, and it arrives as a plain dict whose tensors view the region. A batch
     changed after collating (a field added, removed or replaced) crosses as an ordinary dict."""
 
-    def __reduce__(self) -> tuple[Any, ...]:  # pickle, copy: an ordinary dict
-        return dict, (dict(self),)
+    _plain = dict
 
 
 class RecycledList(_Recycled, list):
     """A list batch in recycled memory (as :class:`RecycledDict`); it arrives as a plain list,
     and crosses as an ordinary one when an element was added, removed or replaced."""
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return list, (list(self),)
+    _plain = list
 
 
 class RecycledTuple(_Recycled, tuple):
     """A tuple batch in recycled memory (as :class:`RecycledDict`); it arrives as a plain
     tuple."""
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return tuple, (tuple(self),)
+    _plain = tuple
 
 
-_named: dict[type, type] = {}  # a namedtuple type -> its recycled subclass
+def _is_named(kind: type) -> bool:
+    return issubclass(kind, tuple) and hasattr(kind, "_fields")
 
 
-def _recycled_named(cls: type) -> type:
-    """The recycled subclass of namedtuple type ``cls`` (made once): it arrives, pickles and
-    copies as ``cls``."""
-    sub = _named.get(cls)
-    if sub is None:
-        sub = type(
-            f"Recycled{cls.__name__}",
-            (_Recycled, cls),
-            {"__reduce__": lambda self: (cls, tuple(self)), "__module__": __name__},
-        )
+# the recycled type of each type a batch can cross recycled as (exactly these, so that what
+# arrives is the type that left); a namedtuple type's is made on its first batch
+_recycled_types: dict[type, type] = {
+    dict: RecycledDict,
+    list: RecycledList,
+    tuple: RecycledTuple,
+}
+
+
+def _recycled_type(kind: type) -> type | None:
+    """The recycled subclass of a batch's type: a dict, list, tuple or namedtuple; else None."""
+    sub = _recycled_types.get(kind)
+    if sub is None and _is_named(kind):
+        sub = type(f"Recycled{kind.__name__}", (_Recycled, kind), {"_plain": kind})
         ForkingPickler.register(sub, _reduce_for_queue)
-        _named[cls] = sub
+        _recycled_types[kind] = sub
     return sub
-
-
-def recyclable(batch: Any) -> bool:
-    """Whether :func:`recycle_batch` can send ``batch`` through recycled memory: a dict, list,
-    tuple or namedtuple (exactly these types, so that what arrives is the type that left)."""
-    kind = type(batch)
-    return kind in (dict, list, tuple) or (issubclass(kind, tuple) and hasattr(kind, "_fields"))
 
 
 def recycle_batch(batch: Any) -> Any:
@@ -274,7 +276,8 @@ def recycle_batch(batch: Any) -> Any:
     recycled memory, as a recycled subclass of its type that the DataLoader's queue sends as the
     region's handle; ``batch`` itself outside a worker, when it is of another type, holds no
     tensor or a tensor that could not arrive as it left, or when the ring has no room now."""
-    if not recyclable(batch) or not all(
+    recycled = _recycled_type(type(batch))
+    if recycled is None or not all(
         t.device.type == "cpu" and t.layout == torch.strided and not t.requires_grad
         for t in tensors_of(batch)
     ):
@@ -286,16 +289,7 @@ def recycle_batch(batch: Any) -> Any:
     buf, record = lent
     tree = place_batch(batch, buf, layout)
     viewed = view_batch(tree, buf)
-    kind = type(batch)
-    out: Any
-    if kind is dict:
-        out = RecycledDict(viewed)
-    elif kind is list:
-        out = RecycledList(viewed)
-    elif kind is tuple:
-        out = RecycledTuple(viewed)
-    else:
-        out = _recycled_named(kind)(*viewed)
+    out = recycled(*viewed) if _is_named(type(batch)) else recycled(viewed)
     out._lent, out._tree, out._collated = record, tree, _items(out)
     return out
 
@@ -303,12 +297,12 @@ def recycle_batch(batch: Any) -> Any:
 def _reduce_for_queue(batch: _Recycled) -> tuple[Any, ...]:
     if batch.unchanged() and batch._lent.hand_over():
         return _received, (*batch._lent.reduce_args(), batch._tree)
-    return cast(tuple[Any, ...], batch.__reduce__())  # the ordinary type's
+    return batch.__reduce__()  # the ordinary type's
 
 
 def _received(fd: Any, slot: int, generation: int, nbytes: int, owner: int, tree: Any) -> Any:
     return view_batch(tree, receive(fd, slot, generation, nbytes, owner))
 
 
-for _kind in (RecycledDict, RecycledList, RecycledTuple):
+for _kind in _recycled_types.values():
     ForkingPickler.register(_kind, _reduce_for_queue)
