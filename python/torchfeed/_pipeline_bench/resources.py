@@ -169,8 +169,14 @@ class ProcessTreeMeter:
         return max(self.interval, self.cpu_seconds / self.budget - elapsed)
 
     def sample(self) -> None:
-        if self.peak is not None:
-            self.peak = max(self.peak, self._measure())
+        if self.peak is None:
+            return
+        pss = self._measure()
+        # The peak is read after the measurement, under the lock: read before it (as
+        # max(self.peak, self._measure()) does), the meter thread's sample could overwrite a
+        # larger one taken meanwhile by a sample() called from the caller's thread.
+        with self._lock:
+            self.peak = max(self.peak, pss)
 
     def stop(self) -> int | None:
         self._stop.set()
