@@ -140,3 +140,36 @@ def test_the_bench_tells_a_slower_pipeline_and_a_slow_first_epoch_from_noise():
         "epochs 0.40-0.90 s; within 1.5x of the slowest of them: this run's noise); 'cold' "
         "2.00x (1.00 s; later epochs 0.40-0.60 s)",
     ]
+
+
+def test_the_bench_says_when_a_slow_first_epoch_is_a_short_one():
+    from torchfeed._pipeline_bench.report import pick
+    from torchfeed._pipeline_bench.runner import PipelineResult
+
+    def row(name, samples, epochs, first):
+        r = PipelineResult(name, "workers=2", samples_per_epoch=samples, epoch_seconds=epochs)
+        r.first_epoch_seconds = first
+        out = r.row()
+        out["speedup"] = 1.0
+        return out
+
+    def notes(samples, batch_size, suite="images"):
+        rows = [
+            row(f"{suite}: base", samples, [1.0] * 3, 1.0),
+            row(f"{suite}: cold", samples, [1.0] * 3, 3.0),
+        ]
+        return [
+            line
+            for line in pick(rows, {suite: f"{suite}: base"}, batch_size)
+            if "(an epoch" in line
+        ]
+
+    assert notes(128, 64) == [
+        "  (an epoch here is 2 batches of 64: what a pipeline pays once, its workers' first "
+        "batches and the memory they first write, weighs on it in full; more samples (--images) "
+        "give longer epochs)"
+    ]
+    assert notes(10, 64)[0].startswith("  (an epoch here is 1 batch of 64:")
+    assert "(--text-samples)" in notes(100, 64, suite="text")[0]
+    assert notes(640, 64) == []  # ten batches: not short
+    assert notes(128, None) == []  # no batch size: nothing said

@@ -102,15 +102,20 @@ def with_speedup(results, baseline: str) -> list[dict[str, Any]]:
 
 
 FIRST_EPOCH_BOUND = 1.5  # a first epoch slower than this times a later one is pointed out
+# Epochs of fewer batches than this are short: a start-up cost paid once weighs on them in full.
+SHORT_EPOCH_BATCHES = 8
 
 
-def pick(rows: list[dict[str, Any]], baselines: Mapping[str, str]) -> list[str]:
+def pick(
+    rows: list[dict[str, Any]], baselines: Mapping[str, str], batch_size: int | None = None
+) -> list[str]:
     """Which pipeline to pick, per suite and config, from the measured rows: the fastest, the
     one spending the least CPU per sample when that is another, those slower than the baseline
     (with their peak memory: the pipelines that ship whole decoded images) and those whose first
     epoch took over ``FIRST_EPOCH_BOUND`` times a later one; each of the last two says whether
     the difference stays within the run's epoch-to-epoch spread (``epoch_min_s``,
-    ``epoch_max_s``), where this run cannot tell it from noise."""
+    ``epoch_max_s``), where this run cannot tell it from noise. With ``batch_size``, a slow first
+    epoch of fewer than ``SHORT_EPOCH_BATCHES`` batches is said to be short."""
     lines = []
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
@@ -143,7 +148,23 @@ def pick(rows: list[dict[str, Any]], baselines: Mapping[str, str]) -> list[str]:
                 f"  first epoch over {FIRST_EPOCH_BOUND}x the median of the later ones: "
                 + "; ".join(_late(r) for r in late)
             )
+            batches = _batches_per_epoch(late[0], batch_size)
+            if batches is not None and batches < SHORT_EPOCH_BATCHES:
+                lines.append(
+                    f"  (an epoch here is {batches} batch{'es' if batches > 1 else ''} of "
+                    f"{batch_size}: what a pipeline pays once, its workers' first batches and "
+                    "the memory they first write, weighs on it in full; more samples "
+                    f"({'--images' if suite == 'images' else '--text-samples'}) give longer "
+                    "epochs)"
+                )
     return lines
+
+
+def _batches_per_epoch(row: dict[str, Any], batch_size: int | None) -> int | None:
+    samples = row.get("samples_per_epoch")
+    if not batch_size or not samples:
+        return None
+    return -(-int(samples) // batch_size)
 
 
 def _slower(row: dict[str, Any], base: dict[str, Any] | None) -> str:
@@ -232,7 +253,7 @@ def print_report(
         f"device {device}; CPU ms/sample: every process (workers too) over the timed epochs; "
         "peak MB: the most the process tree held (PSS) above what it held before the pipeline"
     )
-    for line in pick(rows, baselines):
+    for line in pick(rows, baselines, batch_size):
         print(line)
     if "images" in suites:
         print()

@@ -54,6 +54,7 @@ class PipelineResult:
             "epoch_max_s": max(timed),
             "epoch_range": f"{min(timed):.2f}-{max(timed):.2f}" if self.epoch_seconds else None,
             "first_epoch_s": self.first_epoch_seconds,
+            "samples_per_epoch": self.samples_per_epoch,
             "cpu_ms_per_sample": self.cpu_ms_per_sample,
             "peak_mb": None if self.peak_memory_bytes is None else self.peak_memory_bytes / 2**20,
             **self.extra,
