@@ -110,26 +110,36 @@ def test_the_bench_says_which_pipeline_to_pick():
     ]
 
 
-def test_the_bench_tells_a_slower_pipeline_and_a_slow_first_epoch_from_noise():
-    from torchfeed._pipeline_bench.report import pick
+def measured_row(name, epochs, first, samples=100):
+    """A pipeline's row as the bench reports it, timed against a baseline whose median epoch
+    is 1.0 s."""
     from torchfeed._pipeline_bench.runner import PipelineResult
 
-    def row(name, epochs, first):
-        r = PipelineResult(name, "workers=2", samples_per_epoch=100, epoch_seconds=epochs)
-        r.first_epoch_seconds = first
-        out = r.row()
-        out["speedup"] = 1.0 / r.median_epoch_seconds  # the baseline's median epoch: 1.0 s
-        return out
+    r = PipelineResult(name, "workers=2", samples_per_epoch=samples, epoch_seconds=epochs)
+    r.first_epoch_seconds = first
+    out = r.row()
+    out["speedup"] = 1.0 / r.median_epoch_seconds
+    return out
 
-    base = row("images: base", [0.9, 1.0, 1.2], 1.1)
+
+def test_the_bench_tells_a_slower_pipeline_and_a_slow_first_epoch_from_noise():
+    from torchfeed._pipeline_bench.report import pick
+
+    base = measured_row("images: base", [0.9, 1.0, 1.2], 1.1)
     assert base["epoch_range"] == "0.90-1.20" and base["epoch_min_s"] == 0.9
     lines = pick(
         [
             base,
-            row("images: noisy", [1.05, 1.1, 1.3], 1.2),  # fastest epoch beats base's slowest
-            row("images: slow", [1.3, 1.4, 1.5], 1.4),  # every epoch slower than base's slowest
-            row("images: windows", [0.4, 0.5, 0.9], 1.3),  # 2.6x the median, 1.4x the slowest
-            row("images: cold", [0.4, 0.5, 0.6], 1.0),  # 2.0x the median, 1.7x the slowest
+            measured_row(
+                "images: noisy", [1.05, 1.1, 1.3], 1.2
+            ),  # fastest epoch beats base's slowest
+            measured_row(
+                "images: slow", [1.3, 1.4, 1.5], 1.4
+            ),  # every epoch slower than base's slowest
+            measured_row(
+                "images: windows", [0.4, 0.5, 0.9], 1.3
+            ),  # 2.6x the median, 1.4x the slowest
+            measured_row("images: cold", [0.4, 0.5, 0.6], 1.0),  # 2.0x the median, 1.7x the slowest
         ],
         {"images": "images: base"},
     )
@@ -144,19 +154,11 @@ def test_the_bench_tells_a_slower_pipeline_and_a_slow_first_epoch_from_noise():
 
 def test_the_bench_says_when_a_slow_first_epoch_is_a_short_one():
     from torchfeed._pipeline_bench.report import pick
-    from torchfeed._pipeline_bench.runner import PipelineResult
-
-    def row(name, samples, epochs, first):
-        r = PipelineResult(name, "workers=2", samples_per_epoch=samples, epoch_seconds=epochs)
-        r.first_epoch_seconds = first
-        out = r.row()
-        out["speedup"] = 1.0
-        return out
 
     def notes(samples, batch_size, suite="images"):
         rows = [
-            row(f"{suite}: base", samples, [1.0] * 3, 1.0),
-            row(f"{suite}: cold", samples, [1.0] * 3, 3.0),
+            measured_row(f"{suite}: base", [1.0] * 3, 1.0, samples),
+            measured_row(f"{suite}: cold", [1.0] * 3, 3.0, samples),
         ]
         return [
             line
