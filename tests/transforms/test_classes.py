@@ -279,3 +279,29 @@ def test_bad_targets():
     t = RandomResizedCropFlipNormalize(8, mean=MEAN, std=STD)
     with pytest.raises(ValueError, match=r"targets must be a list with one entry per image \(2\)"):
         t((images_of([(20, 20)] * 2), [{"a": 1}]))
+
+
+def test_what_a_call_reads_is_found_once_and_is_not_part_of_the_value():
+    """ImageOptions and Plan keep what every call reads (the op's mode, the per-channel lists,
+    the steps' roles); equality, hashing, repr and pickling still go by the fields alone, and a
+    channel count that does not fit is refused at every call, not remembered."""
+    from torchfeed.ops._image_op import ImageOptions
+    from torchfeed.transforms._plan import Flip, Plan, RandomCrop
+
+    a, b = ImageOptions(MEAN, STD), ImageOptions(MEAN, STD)
+    assert a.per_channel(3) == (list(MEAN), list(STD))
+    assert a == b and hash(a) == hash(b) and "_per_channel" not in repr(a)
+    copy = pickle.loads(pickle.dumps(a))
+    assert copy == a and copy.per_channel(3) == a.per_channel(3) and copy.mode == a.mode == 1
+    assert ImageOptions([0.5], [0.25]).per_channel(2) == ([0.5, 0.5], [0.25, 0.25])
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"mean must have 1 or 4 values .*got 3"):
+            a.per_channel(4)
+
+    crop = RandomCrop((8, 8), (0.08, 1.0), (0.75, 4 / 3))
+    plan = Plan((crop, Flip(0.5)))
+    assert plan == Plan((crop, Flip(0.5))) and hash(plan) == hash(Plan((crop, Flip(0.5))))
+    assert plan != Plan((Flip(0.5), crop)) and "_crop" not in repr(plan)
+    assert (plan.flip, plan.random_crop, plan.fixed_size()) == (Flip(0.5), True, (8, 8))
+    assert pickle.loads(pickle.dumps(plan)).fixed_size() == (8, 8)
+    assert Plan(()).fixed_size() is None and Plan(()).flip is None

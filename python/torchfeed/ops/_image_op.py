@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -231,6 +231,12 @@ class ImageOptions:
     dtype: torch.dtype = torch.float32
     channels_last: bool = False
     image_layout: Layout = "CHW"
+    # what every call reads, found once in __post_init__: the op's interpolation code, and the
+    # per-channel mean and std lists by channel count
+    _mode: int = field(init=False, repr=False, compare=False)
+    _per_channel: dict[int, tuple[list[float], list[float]]] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mean", _channel_values("mean", self.mean))
@@ -250,14 +256,22 @@ class ImageOptions:
             )
         check_bool("channels_last", self.channels_last)
         check_layout(self.image_layout)
+        object.__setattr__(self, "_mode", _interpolation_code(self.interpolation))
+        object.__setattr__(self, "_per_channel", {})
 
     @property
     def mode(self) -> int:
         """The op's interpolation code."""
-        return cast(int, _interpolation_code(self.interpolation))
+        return self._mode
 
     def per_channel(self, channels: int) -> tuple[list[float], list[float]]:
-        """mean and std with one value per channel."""
+        """mean and std with one value per channel (the op does not keep the lists)."""
+        known = self._per_channel.get(channels)
+        if known is None:
+            known = self._per_channel[channels] = self._expand(channels)
+        return known
+
+    def _expand(self, channels: int) -> tuple[list[float], list[float]]:
         values = []
         pairs: tuple[tuple[str, Any], ...] = (("mean", self.mean), ("std", self.std))
         for name, seq in pairs:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -102,19 +102,37 @@ class Plan:
     """Spatial steps in the pipeline's order; see the module's docstring."""
 
     steps: tuple[Step, ...]
+    # What every call asks of the steps, found once in __post_init__ (a per-sample transform's
+    # calls are each a few microseconds of work around the op).
+    _spatial: tuple[Step, ...] = field(init=False, repr=False, compare=False)  # flips aside
+    _flip: Flip | None = field(init=False, repr=False, compare=False)
+    _crop: RandomCrop | None = field(init=False, repr=False, compare=False)
+    _fixed: tuple[int, int] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if chain_of(self.steps) is None:
             raise ValueError(f"these steps are not one crop, resize and flip: {self.steps}")
+        spatial = tuple(s for s in self.steps if not isinstance(s, Flip))
+        object.__setattr__(self, "_spatial", spatial)
+        object.__setattr__(
+            self, "_flip", next((s for s in self.steps if isinstance(s, Flip)), None)
+        )
+        crop = next((s for s in spatial if isinstance(s, RandomCrop)), None)
+        object.__setattr__(self, "_crop", crop)
+        last = spatial[-1] if spatial else None
+        sized = isinstance(last, RandomCrop | CenterCrop) or (
+            isinstance(last, Resize) and not isinstance(last.size, int)
+        )
+        object.__setattr__(self, "_fixed", last.size if sized else None)  # type: ignore[union-attr]
 
     @property
     def flip(self) -> Flip | None:
-        return next((s for s in self.steps if isinstance(s, Flip)), None)
+        return self._flip
 
     @property
     def random_crop(self) -> bool:
         """Whether a random crop is drawn (its box is in the drawn ``boxes``)."""
-        return any(isinstance(s, RandomCrop) for s in self.steps)
+        return self._crop is not None
 
     @property
     def resizes(self) -> bool:
@@ -127,18 +145,9 @@ class Plan:
         """Whether the flip comes before the crop (then the op crops the mirrored box)."""
         return len(self.steps) > 1 and isinstance(self.steps[0], Flip)
 
-    @property
-    def _spatial(self) -> tuple[Step, ...]:
-        return tuple(s for s in self.steps if not isinstance(s, Flip))
-
     def fixed_size(self) -> tuple[int, int] | None:
         """The output size when every image gets it (None: it follows each image's size)."""
-        last = self._spatial[-1] if self._spatial else None
-        if isinstance(last, RandomCrop | CenterCrop):
-            return last.size
-        if isinstance(last, Resize) and not isinstance(last.size, int):
-            return last.size
-        return None
+        return self._fixed
 
     def out_size(self, h: int, w: int) -> tuple[int, int]:
         """The output size for an image of ``h`` x ``w``."""
@@ -167,8 +176,7 @@ class Plan:
         """The random parameters of a batch: ``boxes`` ``[B, 4]`` int64 (top, left, height,
         width) with a random crop, ``flips`` ``[B]`` bool with a flip; boxes first, then flips
         (one op draws both: a compiled graph cannot reorder them)."""
-        crop = next((s for s in self.steps if isinstance(s, RandomCrop)), None)
-        flip = self.flip
+        crop, flip = self._crop, self._flip
         if crop is not None and flip is not None:
             boxes, flips = torch.ops.torchfeed.sample_crops_and_flips(
                 sizes, *crop.scale, *crop.ratio, flip.p, generator
@@ -211,7 +219,8 @@ class Plan:
 
     def flip_of(self, params: dict[str, Tensor], count: int) -> Tensor:
         """The op's output flips (all False without a flip step)."""
-        return params.get("flips", torch.zeros(count, dtype=torch.bool))
+        flips = params.get("flips")
+        return torch.zeros(count, dtype=torch.bool) if flips is None else flips
 
     def apply_to_target(
         self,
