@@ -5,12 +5,15 @@
 (the built-in dataset's) and 4-megapixel ones, as PIL images and as decoded tensors (each
 against torchvision on the same input type; for PIL, torchvision's faster order, ToImage
 first, is the baseline, and PIL's own resize is shown too). Goal: 2x torchvision on 300-600 px,
-never slower on large photos; the fused pipeline as fast as the hand-written transform.
+never slower on large photos; the fused pipeline as fast as the hand-written transform. Last,
+the host side of a one-image call (16 px images, where the kernel does almost nothing) against
+the op calls alone.
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 
 import PIL.Image
 import pytest
@@ -20,6 +23,7 @@ from torchvision.transforms.v2 import functional as TF
 
 import torchfeed
 from torchfeed._pipeline_bench.dataset import synthetic_image
+from torchfeed.ops._image_op import ImageOptions
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -194,3 +198,51 @@ def test_evaluation_from_the_file(benchmark, role, images, name):
     load, make = EVAL_FROM_FILE[name]
     group = "evaluation transform from the file"
     from_the_file(benchmark, role, images, name, load, make(), group)
+
+
+# The host side of a one-image call, where the kernel does almost nothing (16 x 16 images, 8 x 8
+# crops): torchvision, the hand-written transform and the fused Compose against their op calls
+# alone (draw, plan, kernel, with the size table made once: what a call from Python cannot beat).
+def op_calls_alone() -> Callable[[torch.Tensor], torch.Tensor]:
+    ops = torch.ops.torchfeed
+    sizes = torch.tensor([[16, 16]])
+    mode = ImageOptions(MEAN, STD).mode  # the op's code for bilinear
+    generator = torch.Generator().manual_seed(0)
+
+    def call(image: torch.Tensor) -> torch.Tensor:
+        boxes, flips = ops.sample_crops_and_flips(sizes, 0.08, 1.0, 3 / 4, 4 / 3, 0.5, generator)
+        grid = ops.resized_crop_grid(sizes, boxes, 8, 8)
+        out = torch.empty(1, 3, 8, 8)
+        ops.crop_flip_normalize_list_out([image], grid, flips, mode, True, MEAN, STD, out, False)
+        return out[0]
+
+    return call
+
+
+HOST_SIDE = {
+    "torchvision": lambda: v2.Compose([v2.RandomResizedCrop(8), *tail()]),
+    "torchfeed": lambda: torchfeed.RandomResizedCropFlipNormalize(8, mean=MEAN, std=STD),
+    "torchfeed fused Compose": lambda: torchfeed.fuse(
+        v2.Compose([v2.RandomResizedCrop(8), *tail()])
+    ),
+    "op calls alone": op_calls_alone,
+}
+HOST_ROLES = {"torchvision": "baseline", "op calls alone": "floor"}
+
+
+@pytest.mark.parametrize("name", list(HOST_SIDE))
+def test_per_sample_host_side(benchmark, role, name):
+    generator = torch.Generator().manual_seed(1)
+    small = [torch.randint(0, 256, (3, 16, 16), dtype=torch.uint8, generator=generator)] * COUNT
+    benchmark.group = "per sample, host side: 16 x 16 tensors -> 8 x 8"
+    role(HOST_ROLES.get(name, "torchfeed"))
+    transform = HOST_SIDE[name]()
+    torch.manual_seed(0)
+    assert transform(small[0]).shape == (3, 8, 8)
+
+    def each():
+        for x in small:
+            transform(x)
+
+    benchmark.pedantic(each, rounds=100, warmup_rounds=5)
+    benchmark.extra_info["images"] = len(small)
