@@ -265,7 +265,8 @@ class ImageOptions:
         return self._mode
 
     def per_channel(self, channels: int) -> tuple[list[float], list[float]]:
-        """mean and std with one value per channel (the op does not keep the lists)."""
+        """mean and std with one value per channel: the same two lists at every call with this
+        count (the op only reads them; nothing may change them)."""
         known = self._per_channel.get(channels)
         if known is None:
             known = self._per_channel[channels] = self._expand(channels)
