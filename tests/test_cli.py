@@ -216,6 +216,29 @@ def test_doctor(cli):
     assert passive.returncode == 0 and "OMP_WAIT_POLICY" not in passive.stdout
 
 
+def test_doctor_says_what_a_self_sized_ring_may_take(cli):
+    """The memory budget (memory/_budget.py) with the ranks torchrun would start here: eight
+    ranks of 40 MB batches fit, a thousand do not; a LOCAL_WORLD_SIZE that is not a count is
+    reported, not a crash."""
+    eight = cli("doctor", "--workers", "1", LOCAL_WORLD_SIZE="8")
+    assert eight.returncode == 0, eight.stderr
+    assert (
+        "host memory: a ring torchfeed sizes itself (zero copy, the prefetcher's) gets at "
+        "most half of "
+        in eight.stdout
+        and "shared by LOCAL_WORLD_SIZE=8 processes" in eight.stdout
+    )
+    assert "more than a zero-copy ring may take" not in eight.stdout
+    many = cli("doctor", "--workers", "1", "--batch-mb", "5000", LOCAL_WORLD_SIZE="1000")
+    assert many.returncode == 0 and "more than a zero-copy ring may take here" in many.stdout
+    bad = cli("doctor", LOCAL_WORLD_SIZE="eight")
+    assert bad.returncode == 0, bad.stderr
+    assert (
+        "fix the environment: the environment variable LOCAL_WORLD_SIZE must be an integer"
+        in bad.stdout
+    )
+
+
 def _folder_of_jpegs(root: Path, shapes) -> Path:
     for i, (h, w) in enumerate(shapes):
         image = torch.full((3, h, w), 40 * i, dtype=torch.uint8)  # only headers are read

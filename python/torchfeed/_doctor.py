@@ -14,6 +14,7 @@ from torchfeed._extension import C, build_info
 from torchfeed._pipeline_bench.dataset import list_image_folder
 from torchfeed.decode import _reduction
 from torchfeed.memory import PinnedRing
+from torchfeed.memory._budget import memory_budget
 
 __all__ = ["images_report", "report"]
 
@@ -102,6 +103,23 @@ def report(
             "in the main process)"
         )
     need = workers * prefetch_factor * batch_mb * 1e6
+    try:
+        budget = memory_budget()
+    except ValueError as e:  # a LOCAL_WORLD_SIZE that is not a count: report, do not fail
+        lines.append(f"host memory: {e}")
+        advice.append(f"fix the environment: {e}")
+    else:
+        lines.append(
+            "host memory: a ring torchfeed sizes itself (zero copy, the prefetcher's) gets at "
+            f"most {budget.describe(2)}" + (", all page-locked" if info["gpu_available"] else "")
+        )
+        if need > budget.share(2):
+            advice.append(
+                f"the batches in flight ({need / 1e9:.2f} GB) are more than a zero-copy ring "
+                f"may take here ({budget.share(2) / 1e9:.2f} GB): its workers would wait for "
+                "room; lower num_workers / prefetch_factor / batch size, or decode crop "
+                "windows in the workers (torchfeed.decode.DecodeRandomCrop)"
+            )
     shm = _shm_bytes()
     if shm is None:
         lines.append("/dev/shm: not found")

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from torchfeed._extension import physical_memory as _physical_memory
 from torchfeed._resumable import ResumableLoader
 from torchfeed._tree import tensors_of
+from torchfeed.memory._budget import memory_budget
 from torchfeed.memory._ring_base import check_timeout
 from torchfeed.memory._shared_ring import RingHandle, SharedRing
 
@@ -51,7 +51,10 @@ class ZeroCopyLoader(ResumableLoader):
     this process (fewer, at least 2, when they take over 0.25 s, with more room to spare);
     without a GPU, memory is allocated as the workers first write it (about the batches in
     flight); with one, the ring is page-locked when it is made (``cudaHostRegister`` locks every
-    page), so all of ``ring_capacity`` is resident from the start. A ``ring_capacity`` set by
+    page), so all of ``ring_capacity`` is resident from the start. The default is at most half
+    the memory this process may use: the machine's, or the container's memory limit where that
+    is lower, divided among the ranks torchrun started on the machine (``LOCAL_WORLD_SIZE``); a
+    batch larger than the ring takes the ordinary path. A ``ring_capacity`` set by
     hand needs room for ``num_workers * prefetch_factor`` batches and those the consumer holds:
     with less, a worker can fill it with batches sent after the one the consumer waits for, and
     waits for room (``ring_timeout``, then an error); the loader warns at the first batch
@@ -115,13 +118,16 @@ class ZeroCopyLoader(ResumableLoader):
             # 3 GB: 6.3-8.5 s against 4.9-5.6 s; 300-600 px images: 1.27 s against 1.19 s)
             margin = 1.5 if exact else 2.0 if samples >= self._PROBE_SAMPLES else 3.0
             capacity = int(nbytes * margin + 4096) * (waiting + 4)
-            most = _physical_memory() // 2
+            # at most half the memory this process may use (the container's limit, shared
+            # with the other ranks on this machine): with a GPU every byte is page-locked now
+            budget = memory_budget()
+            most = budget.share(2)
             if capacity > most:
                 warnings.warn(
                     f"zero_copy: batches of about {nbytes / 1e6:.0f} MB, {waiting} queued "
                     f"(num_workers x prefetch_factor) and those the consumer holds, would want "
-                    f"a ring of {capacity / 1e9:.1f} GB; it gets half this machine's memory, "
-                    f"{most / 1e9:.1f} GB (workers wait for room when it is full). Smaller "
+                    f"a ring of {capacity / 1e9:.1f} GB; it gets {budget.describe(2)} "
+                    "(workers wait for room when it is full). Smaller "
                     "batches help, and so does decoding crop windows in the workers "
                     "(torchfeed.decode.DecodeRandomCrop) rather than whole images",
                     RuntimeWarning,

@@ -93,7 +93,8 @@ class DevicePrefetcher:
             nbytes = sum(t.numel() * t.element_size() for t in tensors_of(batch))
             if nbytes:
                 # one arena per device for every prefetcher (grown once if a batch needs it):
-                # a prefetcher made per epoch page-locks nothing new
+                # a prefetcher made per epoch page-locks nothing new (capped there: a batch
+                # larger than the ring is copied from pageable memory instead)
                 need = int(nbytes * 1.25) * (self.depth + 2) + 4096
                 self.pinned_ring = PinnedRing.for_device(self.device, need)
         return self.pinned_ring

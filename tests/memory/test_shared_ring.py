@@ -385,14 +385,36 @@ def test_slow_samples_are_probed_fewer_with_more_room_to_spare():
                                      batch_size=12)))  # fmt: skip
 
 
-def test_a_ring_is_never_sized_beyond_half_the_machine(monkeypatch):
-    import torchfeed.loaders as loaders
+@pytest.mark.parametrize(
+    ("machine", "container", "ranks", "said"),
+    [
+        (16 << 20, None, None, r"half of this machine's 0\.0 GB: 0\.0 GB"),  # a 16 MiB machine
+        (1 << 30, 16 << 20, None, r"half of the container's 0\.0 GB memory limit"),
+        (
+            64 << 20,
+            None,
+            "4",
+            r"half of this machine's 0\.1 GB, shared by LOCAL_WORLD_SIZE=4 processes",
+        ),
+    ],
+)
+def test_a_ring_is_never_sized_beyond_half_the_memory_it_may_use(
+    monkeypatch, machine, container, ranks, said
+):
+    """Half of the machine's memory, or of the container's limit where lower, divided among the
+    ranks torchrun started on the machine: 8 MiB in each case here."""
+    from torchfeed.memory import _budget
 
-    monkeypatch.setattr(loaders, "_physical_memory", lambda: 16 << 20)  # a 16 MiB machine
+    monkeypatch.setattr(_budget, "physical_memory", lambda: machine)
+    monkeypatch.setattr(_budget, "cgroup_memory_limit", lambda: container)
+    if ranks is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", ranks)
     # batches of 8 x 256 KiB: 2 MiB each, so 1.5 x 2 MiB x (2 queued + 4) wanted
     dl = loader(Counted(40, side=512), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"),
                 batch_size=8, num_workers=1)  # fmt: skip
-    with pytest.warns(RuntimeWarning, match=r"want a ring of 0\.0 GB; it gets half this machine"):
+    with pytest.warns(RuntimeWarning, match=r"want a ring of 0\.0 GB; it gets " + said):
         count = sum(1 for _ in dl)  # each batch dropped before the next
     assert dl.shared_ring.capacity == 8 << 20 and count == 5
     assert dl.shared_ring.stats()["allocations"] == 5  # workers waited for room, none fell back
@@ -401,10 +423,10 @@ def test_a_ring_is_never_sized_beyond_half_the_machine(monkeypatch):
 def test_the_default_size_is_capped_by_the_bound_the_ring_enforces():
     """One computation of the machine's memory: the C++ check that refuses a larger arena, read
     by the loader's default-size cap; it agrees with what the OS reports to Python."""
-    import torchfeed.loaders as loaders
+    from torchfeed.memory._budget import memory_budget
 
     expected = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    assert torchfeed._C.physical_memory() == expected == loaders._physical_memory()
+    assert torchfeed._C.physical_memory() == expected == memory_budget().machine
     with pytest.raises(ValueError, match=rf"physical memory \({expected} bytes\)"):
         SharedRing(expected + 4096)
 

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from torchfeed._extension import C
 from torchfeed._tree import carve, field_layout, map_tensors, tensors_of
+from torchfeed.memory._budget import memory_budget
 from torchfeed.memory._fenced import fenced
 from torchfeed.memory._ring_base import DEFAULT, RingBase, check_timeout
 
@@ -172,11 +173,15 @@ class PinnedRing(RingBase):
         bytes: the one made before if it is big enough (grown once, otherwise), so that a
         prefetcher made per epoch does not page-lock a new arena each time (that costs
         milliseconds). Safe to share: blocks return to the ring as soon as their copies are
-        done."""
+        done. Every byte of it is page-locked, so it gets at most half the memory this process
+        may use (the machine's, or the container's limit where lower, divided among the ranks
+        torchrun started here: ``LOCAL_WORLD_SIZE``), whatever ``capacity`` asks."""
+        most = memory_budget().share(2)
         key = str(torch.device(device))
         ring = _SHARED.get(key)
-        if ring is None or ring.closed or ring.capacity < capacity:
-            ring = cls(max(capacity, 2 * ring.capacity if ring is not None else 0))
+        if ring is None or ring.closed or ring.capacity < min(capacity, most):
+            grown = max(capacity, 2 * ring.capacity if ring is not None else 0)
+            ring = cls(min(grown, most))
             _SHARED[key] = ring
         return ring
 

@@ -37,8 +37,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import get_worker_info
 
-from torchfeed._extension import C, physical_memory
+from torchfeed._extension import C
 from torchfeed._tree import tensors_of
+from torchfeed.memory._budget import memory_budget
 from torchfeed.memory._shared_ring import SharedRing, batch_layout, place_batch, view_batch
 
 __all__ = [
@@ -59,7 +60,8 @@ RING_BATCHES = 6
 # each batch's longest sequence, a sampler that groups by length); capacity that is never
 # written costs nothing.
 RING_MIN_BYTES = 64 << 20
-# At most this share of the machine's memory per worker ring (virtual: allocated as written).
+# At most this share of the memory the process may use (memory/_budget.py) per worker ring
+# (virtual: allocated as written).
 RING_MEMORY_SHARE = 4
 
 
@@ -95,7 +97,7 @@ def _ring_for(nbytes: int) -> SharedRing | None:
         _worker_ring, _worker_ring_pid = None, os.getpid()
         if not hasattr(os, "memfd_create"):
             return None
-        most = physical_memory() // RING_MEMORY_SHARE
+        most = memory_budget().share(RING_MEMORY_SHARE)
         wanted = max(max(nbytes, 1) * RING_BATCHES + 4096 * RING_BATCHES, RING_MIN_BYTES)
         capacity = min(wanted, most)
         try:
