@@ -113,7 +113,7 @@ def test_bench_quick_prints_the_table(quick_run):
 
 
 def test_bench_json_schema(quick_run):
-    _result, tmp = quick_run
+    result, tmp = quick_run
     payload = json.loads((tmp / "out.json").read_text())
     assert set(payload) >= {"machine", "settings", "results", "stages", "agreement"}
     assert payload["settings"]["quick"] is True and payload["settings"]["workers"] == [1]
@@ -142,6 +142,13 @@ def test_bench_json_schema(quick_run):
     assert (reduced > 0) == (agreement["eval_scaled_mean_abs_diff"] > 0)
     assert agreement["eval_scaled_mean_abs_diff"] < 0.2
     assert {"cpu", "torch", "torchfeed"} <= set(payload["machine"])
+    # the memory the peak-memory column is set against: the machine's (a container's limit too,
+    # where lower)
+    memory = payload["machine"]["memory_gb"]
+    assert memory == round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 1e9, 1)
+    limit = payload["machine"]["memory_limit_gb"]
+    assert limit is None or limit < memory
+    assert f"{memory} GB memory" in result.stdout
 
 
 def test_bench_plot(quick_run):

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 import torchvision
 
-from torchfeed._extension import build_info
+from torchfeed._extension import build_info, physical_memory
+from torchfeed.memory._budget import cgroup_memory_limit
 
 __all__ = [
     "format_machine",
@@ -38,10 +39,14 @@ def cpu_model() -> str:
 
 def machine_info() -> dict[str, Any]:
     info = build_info()
+    machine, container = physical_memory(), cgroup_memory_limit()
     return {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        # what the peak-memory column is set against (a container's limit only when lower)
+        "memory_gb": round(machine / 1e9, 1),
+        "memory_limit_gb": round(container / 1e9, 1) if container and container < machine else None,
         "torch_threads": torch.get_num_threads(),
         "gpu": info["gpu_name"],
         "python": platform.python_version(),
@@ -85,10 +90,19 @@ def format_machine(info: dict[str, Any]) -> str:
     gpu = info["gpu"] or "none"
     return (
         f"machine: {info['cpu']} ({info['usable_cpus']} usable CPUs, torch threads "
-        f"{info['torch_threads']}), GPU: {gpu}; python {info['python']}, torch {info['torch']}, "
-        f"torchvision {info['torchvision']}, torchfeed {info['torchfeed']} (CUDA kernels "
+        f"{info['torch_threads']}; {_memory(info)}), GPU: {gpu}; python {info['python']}, "
+        f"torch {info['torch']}, torchvision {info['torchvision']}, torchfeed {info['torchfeed']} "
+        "(CUDA kernels "
         f"{'compiled' if info['torchfeed_cuda_kernels'] else 'not compiled'})"
     )
+
+
+def _memory(info: dict[str, Any]) -> str:
+    memory = info.get("memory_gb")
+    if memory is None:  # a JSON of an earlier version
+        return "memory not recorded"
+    limit = info.get("memory_limit_gb")
+    return f"{memory} GB memory" + (f", {limit} GB container limit" if limit else "")
 
 
 def with_speedup(results, baseline: str) -> list[dict[str, Any]]:
