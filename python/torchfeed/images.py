@@ -189,7 +189,7 @@ def _reduce_for_queue(images: RaggedImages) -> Any:
 
 
 def _received(
-    fd: Any,
+    ref: _recycled.RingRef,
     slot: int,
     generation: int,
     nbytes: int,
@@ -198,7 +198,7 @@ def _received(
     shapes: tuple[tuple[int, int, int], ...],
     layout: Layout,
 ) -> RaggedImages:
-    data = _recycled.receive(fd, slot, generation, nbytes, owner).view(dtype)
+    data = _recycled.receive(ref, slot, generation, nbytes, owner).view(dtype)
     return RaggedImages(data, shapes, layout)
 
 

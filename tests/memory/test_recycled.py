@@ -331,3 +331,57 @@ def test_a_forked_child_keeps_none_of_its_parents_mappings():
 
 def _exit_with_mappings_count():
     os._exit(len(_recycled._mappings.rings) + (_recycled._mappings._collected in gc.callbacks))
+
+
+def test_only_a_workers_first_batch_carries_its_descriptor(monkeypatch):
+    """Passing a descriptor costs the receiver a connection to the worker's resource sharer: the
+    ring's goes with the first batch a worker sends, and the mapping kept from it serves the
+    rest (RingRef)."""
+    refs = []
+    real = _recycled.receive
+
+    def counted(ref, *args):
+        refs.append(ref)
+        return real(ref, *args)
+
+    monkeypatch.setattr(_recycled, "receive", counted)
+    ds = Images(48)
+    dl = loader(ds, num_workers=2, persistent_workers=True)
+    for _ in range(2):
+        for batch in dl:
+            check(batch, ds)
+    assert len(refs) == 24 and len({(r.dev, r.ino) for r in refs}) == 2
+    assert sum(r.dup is not None for r in refs) == 2  # one per worker, over both epochs
+    del batch, dl
+    gc.collect()
+
+
+def test_a_receiver_without_the_mapping_opens_the_ring_through_proc(monkeypatch):
+    """A batch whose worker sent its descriptor elsewhere (here: the mapping forgotten after the
+    first batch) is mapped from /proc/<worker>/fd/<fd>; the batches stay the ordinary ones."""
+    counting = CountingAttach(monkeypatch)
+    ds = Images(24)
+    dl = loader(ds, num_workers=1, persistent_workers=True)
+    got = []
+    for batch in dl:
+        check(batch, ds)
+        got.append(batch)
+        _recycled._mappings.rings.clear()  # the next batch finds no mapping and no descriptor
+    plain = list(loader(ds, recycle=False))
+    assert len(got) == len(plain) == 6 and counting.calls == 6
+    for (a, la), (b, lb) in zip(got, plain, strict=True):
+        assert recycled(a) and torch.equal(a.data, b.data) and torch.equal(la, lb)
+    del batch, got, dl
+    gc.collect()
+
+
+def test_a_ring_that_cannot_be_found_is_an_error_that_says_why(tmp_path):
+    # no such descriptor in the owner
+    ref = _recycled.RingRef(0, 0, 1 << 20)
+    with pytest.raises(RuntimeError, match=r"cannot open it through /proc .*recycle=False"):
+        _recycled.receive(ref, 0, 0, 16, os.getpid())
+    # a descriptor that is another file now
+    with open(tmp_path / "other", "wb") as f:
+        ref = _recycled.RingRef(0, 0, f.fileno())
+        with pytest.raises(RuntimeError, match=rf"descriptor {f.fileno()} is no longer the shared"):
+            _recycled.receive(ref, 0, 0, 16, os.getpid())

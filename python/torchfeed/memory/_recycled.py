@@ -7,11 +7,11 @@ decoded photos that is over a gigabyte a batch, and on the VM we measured 0.4 s 
 gigabyte in a process alone, up to 3.5 s in busy workers. A recycling collate (ImageCollate's
 default) packs its batch into a region of its worker's own :class:`SharedRing` (made by the
 worker on its first batch; its memory is allocated as first written, and stays for reuse); when
-the DataLoader sends the batch, only the region's handle and the ring's descriptor cross, and
-unpickling in the main process gives a batch viewing the region, which goes back to the worker
-once those views are freed. No ZeroCopyLoader is needed, and it never waits: when the ring has no
-room (the main process keeps many batches) or a batch is larger than it, the batch takes the
-ordinary path.
+the DataLoader sends the batch, only the region's handle crosses (with the worker's first
+batch, the ring's descriptor too: :class:`RingRef`), and unpickling in the main process gives a
+batch viewing the region, which goes back to the worker once those views are freed. No
+ZeroCopyLoader is needed, and it never waits: when the ring has no room (the main process keeps
+many batches) or a batch is larger than it, the batch takes the ordinary path.
 
 The receiving process keeps its mapping of a worker's ring while that worker lives, so the pages
 it has read a batch through stay mapped for the next one. Mapping the ring afresh for every batch
@@ -47,6 +47,7 @@ __all__ = [
     "RecycledDict",
     "RecycledList",
     "RecycledTuple",
+    "RingRef",
     "lend",
     "receive",
     "recycle_batch",
@@ -79,10 +80,48 @@ class Lent:
         """Marks the region as sent (the main process releases it); False when it was already."""
         return bool(self.ring._ring.hand_over(self.slot, self.generation))
 
-    def reduce_args(self) -> tuple[Any, int, int, int, int]:
-        """What crosses the queue: the ring's descriptor (passed as torch passes a storage's), the
-        region, and the worker that owns the ring."""
-        return DupFd(self.ring._fd), self.slot, self.generation, self.nbytes, self.ring._owner
+    def reduce_args(self) -> tuple[RingRef, int, int, int, int]:
+        """What crosses the queue: which ring (:class:`RingRef`), the region, and the worker that
+        owns the ring."""
+        return _ref(self.ring), self.slot, self.generation, self.nbytes, self.ring._owner
+
+
+@dataclass(frozen=True)
+class RingRef:
+    """Which worker ring a recycled batch lies in, as it crosses the queue: the memfd's identity
+    (device, inode), the number of its descriptor in the worker, and, with the first batch the
+    worker sends from it, the descriptor itself (passed as torch passes a storage's). The
+    receiver keeps its mapping of the ring while the worker lives, so the batches after the first
+    carry no descriptor: passing one opens a connection to the worker's resource sharer, which
+    took about 0.3 ms of the receiver's CPU a batch here. A receiver that has no mapping of the
+    ring and no descriptor (the first batch went to another process) opens the ring through
+    ``/proc/<worker>/fd/<fd>``."""
+
+    dev: int
+    ino: int
+    fd: int
+    dup: Any = None  # a multiprocessing DupFd, with the ring's first batch only
+
+
+# The rings this process has sent a descriptor of (by identity), and the process they are of (a
+# forked child sends its own).
+_announced: set[tuple[int, int]] = set()
+_announced_pid = -1
+
+
+def _ref(ring: SharedRing) -> RingRef:
+    """The :class:`RingRef` of a batch this process sends from ``ring``: with the descriptor the
+    first time."""
+    global _announced, _announced_pid
+    if _announced_pid != os.getpid():
+        _announced, _announced_pid = set(), os.getpid()
+    st = os.fstat(ring._fd)
+    key = (st.st_dev, st.st_ino)
+    dup = None
+    if key not in _announced:
+        dup = DupFd(ring._fd)
+        _announced.add(key)
+    return RingRef(key[0], key[1], ring._fd, dup)
 
 
 _worker_ring: SharedRing | None = None
@@ -140,20 +179,46 @@ class _Mappings:
         self.lock = threading.Lock()
         self.checked = 0.0
 
-    def ring(self, fd: int, owner: int) -> Any:
-        st = os.fstat(fd)
-        key = (st.st_dev, st.st_ino)
+    def ring(self, ref: RingRef, owner: int) -> Any:
+        key = (ref.dev, ref.ino)
         with self.lock:
             self._drop_exited()
             kept = self.rings.get(key)
             if kept is not None and kept[1] == owner:
+                if ref.dup is not None:  # taken all the same: the worker's sharer lets it go
+                    os.close(ref.dup.detach())
                 return kept[0]
-            ring = C._SharedRing.attach(fd)
+            local = self._open(ref, owner)
+            try:
+                st = os.fstat(local)
+                if (st.st_dev, st.st_ino) != key:
+                    raise RuntimeError(
+                        f"a recycled batch from DataLoader worker {owner}: its descriptor {ref.fd} "
+                        "is no longer the shared memory the batch was written to"
+                    )
+                ring = C._SharedRing.attach(local)
+            finally:
+                os.close(local)  # the mapping stays
             if C.process_alive(owner):  # else not kept: it lives as long as the batches viewing it
                 if not self.rings:
                     gc.callbacks.append(self._collected)
                 self.rings[key] = (ring, owner)
             return ring
+
+    @staticmethod
+    def _open(ref: RingRef, owner: int) -> int:
+        """A descriptor of the ring in this process: the one the batch carries, else the worker's
+        own through /proc."""
+        if ref.dup is not None:
+            return int(ref.dup.detach())
+        try:
+            return os.open(f"/proc/{owner}/fd/{ref.fd}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError as e:
+            raise RuntimeError(
+                f"a recycled batch from DataLoader worker {owner}: this process has no mapping of "
+                f"the worker's shared memory (its first batch went to another process) and "
+                f"cannot open it through /proc ({e}); collate with recycle=False"
+            ) from None
 
     def _drop_exited(self) -> None:
         self.checked = time.monotonic()
@@ -183,16 +248,11 @@ _mappings = _Mappings()
 os.register_at_fork(after_in_child=_mappings.forget)
 
 
-def receive(fd: Any, slot: int, generation: int, nbytes: int, owner: int) -> Tensor:
+def receive(ref: RingRef, slot: int, generation: int, nbytes: int, owner: int) -> Tensor:
     """In the receiving process: a uint8 tensor viewing the region of the ring that worker
     ``owner`` sent; the region goes back to the worker's ring once it and every view of it are
     freed."""
-    local = fd.detach()
-    try:
-        ring = _mappings.ring(local, owner)
-    finally:
-        os.close(local)
-    return ring.view(slot, generation, nbytes)
+    return _mappings.ring(ref, owner).view(slot, generation, nbytes)
 
 
 def _items(batch: Any) -> list[tuple[Any, Any]]:
@@ -302,8 +362,8 @@ def _reduce_for_queue(batch: _Recycled) -> tuple[Any, ...]:
     return batch.__reduce__()  # the ordinary type's
 
 
-def _received(fd: Any, slot: int, generation: int, nbytes: int, owner: int, tree: Any) -> Any:
-    return view_batch(tree, receive(fd, slot, generation, nbytes, owner))
+def _received(ref: RingRef, slot: int, generation: int, nbytes: int, owner: int, tree: Any) -> Any:
+    return view_batch(tree, receive(ref, slot, generation, nbytes, owner))
 
 
 for _kind in _recycled_types.values():
