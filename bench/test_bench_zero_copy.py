@@ -53,8 +53,9 @@ def epoch(dl, read=False):
     def run():
         n = 0
         for batch in dl:
-            if read:
-                batch[0].data[::4096].sum()
+            if read:  # RaggedImages' buffer, or a dense batch tensor
+                flat = batch[0].data.reshape(-1)
+                flat[:: 4096 // flat.element_size()].sum()
             n += 1
             del batch
         return n
@@ -120,6 +121,46 @@ def test_photos_fresh_shared_memory(benchmark, role, photo_samples):
     role("baseline")
     dl = make(photo_samples, ImageCollate(0, layout="HWC", recycle=False), False)
     assert benchmark.pedantic(epoch(dl, read=True), rounds=5) == PHOTO_BATCHES
+
+
+@pytest.fixture(scope="module")
+def ragged_samples():
+    # 64 images of 300-600 px (ImageNet-sized, as the built-in dataset's), each sample one of them
+    g = torch.Generator().manual_seed(3)
+    base = [
+        torch.randint(0, 256, (3, int(h), int(w)), generator=g, dtype=torch.uint8)
+        for h, w in torch.randint(300, 601, (64, 2), generator=g)
+    ]
+    return Precomputed([(base[i % 64], i) for i in range(64 * BATCHES)])
+
+
+IN_WORKERS = (
+    "DataLoader, 16 batches of 64 300-600 px images, the fused transform in the workers, "
+    "each batch read (CPU, 2 workers)"
+)
+
+
+def transform_in_workers(recycle):
+    t = torchfeed.RandomResizedCropFlipNormalize(224, mean=[0.485, 0.456, 0.406],
+                                                 std=[0.229, 0.224, 0.225])  # fmt: skip
+    return ImageCollate(0, transform=t, recycle=recycle)
+
+
+def test_transform_in_workers_recycled(benchmark, role, ragged_samples):
+    benchmark.group = IN_WORKERS
+    role("torchfeed")
+    # an ordinary DataLoader: the kernel writes each [64, 3, 224, 224] float batch straight into
+    # the worker's reused memory, the labels beside it
+    dl = make(ragged_samples, transform_in_workers(True), False)
+    assert benchmark.pedantic(epoch(dl, read=True), rounds=5) == BATCHES
+
+
+def test_transform_in_workers_fresh_shared_memory(benchmark, role, ragged_samples):
+    benchmark.group = IN_WORKERS
+    role("baseline")
+    # recycle=False: a fresh shared-memory file per tensor of every batch, as default_collate's
+    dl = make(ragged_samples, transform_in_workers(False), False)
+    assert benchmark.pedantic(epoch(dl, read=True), rounds=5) == BATCHES
 
 
 def test_tokens_zero_copy(benchmark, role, token_samples):

@@ -3,6 +3,8 @@ dict, tuple and bare samples."""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -56,3 +58,23 @@ def test_image_collate_tuples_and_bare():
         ImageCollate("img")([{"image": ims[0]}])
     with pytest.raises(ValueError, match="batch is empty"):
         ImageCollate()([])
+
+
+Sample = collections.namedtuple("Sample", "label image")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_image_collate_namedtuples_by_position_or_name(workers):
+    ims = images([(4 + i, 3 + 2 * i) for i in range(6)])
+    data = [Sample(i, im) for i, im in enumerate(ims)]
+    for key in ("image", 1):
+        loader = DataLoader(data, batch_size=3, num_workers=workers, collate_fn=ImageCollate(key))
+        for b, batch in enumerate(loader):
+            assert type(batch) is Sample and isinstance(batch.image, RaggedImages)
+            assert batch.label.tolist() == [3 * b, 3 * b + 1, 3 * b + 2]
+            for j, label in enumerate(batch.label.tolist()):
+                assert torch.equal(batch.image[j], ims[label])
+    with pytest.raises(KeyError, match="no position 'img'"):
+        ImageCollate("img")(data)
+    with pytest.raises(KeyError, match="no position 2"):
+        ImageCollate(2)(data)

@@ -148,6 +148,7 @@ def test_namedtuple_batches_recycle_with_spawn():
 
 def test_a_consumer_keeping_every_batch_never_waits(monkeypatch):
     monkeypatch.setattr(_recycled, "RING_MIN_BYTES", 0)  # rings of 6 first batches (forked)
+    monkeypatch.setattr(_recycled, "SMALL_FIELD_BYTES", -1)  # kept, these small batches hold it
     kept = list(DataLoader(Samples(400), batch_size=4, num_workers=2, collate_fn=PadCollate()))
     assert len(kept) == 100  # far more than a worker's memory holds: the ordinary path then
     modes = [in_recycled_memory(b["input_ids"]) for b in kept]
@@ -250,6 +251,7 @@ def test_a_recycled_batch_pickles_and_copies_as_its_plain_type(monkeypatch, kind
     monkeypatch.setattr(_recycled, "get_worker_info", lambda: object())  # as in a worker
     monkeypatch.setattr(_recycled, "_worker_ring_pid", -1)  # a ring of this process's own
     monkeypatch.setattr("torchfeed.collate._fields.get_worker_info", lambda: object())
+    monkeypatch.setattr(_recycled, "SMALL_FIELD_BYTES", -1)  # these small fields views too
     ragged = RAGGED[kind]
     samples = [as_kind(sample(i), kind) for i in range(1, 6)]
     batch = PadCollate(ragged)(samples)
@@ -265,6 +267,25 @@ def test_a_recycled_batch_pickles_and_copies_as_its_plain_type(monkeypatch, kind
     mine[0, 0] = 99  # the same memory, through another mapping of it
     assert int(first[0, 0]) == 99 and in_recycled_memory(first)
     del batch, sent, first, mine
+    gc.collect()
+
+
+def test_small_fields_arrive_as_copies_of_their_own(monkeypatch):
+    """A field of at most SMALL_FIELD_BYTES (the labels, the lengths) is copied out of the
+    region on arrival, so keeping it holds none of the batch's memory; a larger one views it."""
+    monkeypatch.setattr(_recycled, "get_worker_info", lambda: object())  # as in a worker
+    monkeypatch.setattr(_recycled, "_worker_ring_pid", -1)  # a ring of this process's own
+    monkeypatch.setattr("torchfeed.collate._fields.get_worker_info", lambda: object())
+    samples = [{"input_ids": torch.arange(3000) + i, "label": i} for i in range(4)]
+    batch = PadCollate()(samples)  # input_ids: 4 x 3000 int64, 96 KB; the rest small
+    sent = ForkingPickler.loads(bytes(ForkingPickler.dumps(batch)))
+    same(sent, PadCollate(recycle=False)(samples))
+    for key in ("input_ids", "input_ids_mask", "input_ids_lengths", "label"):
+        batch[key].view(-1)[0] = 7 if key != "input_ids_mask" else 0  # the worker's side
+    assert int(sent["input_ids"][0, 0]) == 7  # a view of the region
+    assert sent["input_ids_mask"].nbytes == 12000 and bool(sent["input_ids_mask"][0, 0])
+    assert int(sent["input_ids_lengths"][0]) == 3000 and int(sent["label"][0]) == 0  # copies
+    del batch, sent
     gc.collect()
 
 

@@ -73,8 +73,8 @@ class Stats(Dataset):
     """Images, plus the worker ring's counters as the sample's label (read when the sample is
     made, so they describe the batches before it)."""
 
-    def __init__(self, n):
-        self.images = Images(n, size=(60, 61))
+    def __init__(self, n, side=60):
+        self.images = Images(n, size=(side, side + 1))
 
     def __len__(self):
         return len(self.images)
@@ -102,7 +102,7 @@ def test_a_worker_reuses_its_memory_batch_after_batch():
 
 def test_a_consumer_keeping_every_batch_never_waits(monkeypatch):
     monkeypatch.setattr(_recycled, "RING_MIN_BYTES", 0)  # rings of 6 first batches (forked)
-    ds = Images(200)
+    ds = Images(200, size=(120, 160))  # images past SMALL_FIELD_BYTES: kept, they hold the ring
     kept = list(loader(ds, timeout=60))  # 50 batches held: far more than a ring of 6
     assert len(kept) == 50
     for batch in kept:
@@ -385,3 +385,64 @@ def test_a_ring_that_cannot_be_found_is_an_error_that_says_why(tmp_path):
         ref = _recycled.RingRef(0, 0, f.fileno())
         with pytest.raises(RuntimeError, match=rf"descriptor {f.fileno()} is no longer the shared"):
             _recycled.receive(ref, 0, 0, 16, os.getpid())
+
+
+def in_a_kept_ring(t: torch.Tensor) -> bool:
+    """Whether ``t`` views one of the worker rings this process keeps mapped."""
+    return any(
+        ring.data_address <= t.data_ptr() < ring.data_address + ring.capacity
+        for ring, _ in _recycled._mappings.rings.values()
+    )
+
+
+def test_labels_cross_in_the_images_region_and_kept_hold_none_of_it():
+    """The labels go in the images' region (no shared-memory file of their own), and arrive as
+    copies of their own: an evaluation loop keeping every batch's labels holds no batch's
+    images. (A view would keep each region from going back to the worker.)"""
+    side = 150  # 4 images of 150 x 151 x 3: 272 KB a batch, past SMALL_FIELD_BYTES
+    ds = Stats(120, side=side)
+    kept = []
+    for images, stats in loader(ds, num_workers=1):
+        assert in_a_kept_ring(images.data) and not images.data.is_shared()
+        assert not any(in_a_kept_ring(s) or s.is_shared() for s in stats)
+        kept.append(stats)
+    del images
+    allocations, high_water = kept[-1]
+    assert len(kept) == 30 and int(allocations[-1]) == 29
+    # every batch's region went back although its labels are all kept
+    assert 0 < int(high_water[-1]) <= 4 * (4 * side * (side + 1) * 3 + 512)
+
+
+class Transformed(Dataset):
+    def __init__(self, n=24):
+        self.images = Images(n, size=(40, 90))
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        image, label = self.images[i]
+        return {"image": image.permute(2, 0, 1), "label": label, "name": f"im{i}"}
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_transform_in_the_workers_writes_straight_into_their_memory(context):
+    """ImageCollate(transform=...) in an ordinary DataLoader: the fused kernel writes the batch
+    into the worker's recycled memory, the same values as the ordinary path (a fresh
+    shared-memory file of the output, per batch) with the same worker seeds."""
+    t = torchfeed.RandomResizedCropFlipNormalize(96, mean=[0.5] * 3, std=[0.25] * 3)
+    batches, where = {}, []  # 4 x 3 x 96 x 96 float32: 442 KB, past SMALL_FIELD_BYTES
+    for recycle in (True, False):
+        torch.manual_seed(0)  # the workers' seeds
+        collate = ImageCollate("image", transform=t, recycle=recycle)
+        dl = DataLoader(Transformed(), batch_size=4, num_workers=2, collate_fn=collate,
+                        multiprocessing_context=context)  # fmt: skip
+        batches[recycle] = []
+        for batch in dl:  # looked at while the workers live
+            where.append((in_a_kept_ring(batch["image"]), batch["image"].is_shared()))
+            batches[recycle].append(batch)
+    assert where == [(True, False)] * 6 + [(False, True)] * 6
+    for ours, plain in zip(batches[True], batches[False], strict=True):
+        assert ours["image"].shape == (4, 3, 96, 96) and ours["name"] == plain["name"]
+        assert torch.equal(ours["image"], plain["image"])
+        assert torch.equal(ours["label"], plain["label"]) and not ours["label"].is_shared()

@@ -14,7 +14,7 @@ from torchfeed._packing import Layout, check_layout, image_shapes, storage_views
 from torchfeed._tree import Lazy, concat
 from torchfeed.collate._fields import private_collate
 from torchfeed.images import RaggedImages
-from torchfeed.memory import SharedRing
+from torchfeed.memory import SharedRing, _recycled
 
 __all__ = ["BatchTransform", "ImageCollate"]
 
@@ -41,17 +41,19 @@ class BatchTransform(Protocol):
 class ImageCollate:
     """A ``collate_fn`` for samples holding one image of any size: the image field becomes a
     :class:`RaggedImages` (one buffer, in shared memory inside a worker), every other field goes
-    through ``default_collate``. Samples are dicts (``image_key`` a key), tuples (a position) or
-    bare images.
+    through ``default_collate``. Samples are dicts (``image_key`` a key), tuples or lists (a
+    position), namedtuples (a position or a field name) or bare images.
 
-    In an ordinary DataLoader's workers, ``recycle=True`` (the default) packs the images into
-    shared memory each worker reuses, batch after batch, rather than a fresh shared-memory file
-    per batch: the main process gets a batch viewing it, and the memory goes back to the worker
-    when that batch is freed. The pages a worker has written stay allocated for reuse (at most
-    about the batches it has in flight at once), and the main process keeps them mapped while
-    the worker lives, so reading the next batch faults nothing in (its resident size counts
-    them; they are the worker's memory, not a copy); ``recycle=False`` gives the ordinary
-    path."""
+    In an ordinary DataLoader's workers, ``recycle=True`` (the default) packs the batch (the
+    images, or the transform's output, with the other fields beside them) into shared memory
+    each worker reuses, batch after batch, rather than a fresh shared-memory file per tensor and
+    batch: the main process gets a batch viewing it, and the memory goes back to the worker when
+    that batch is freed. Fields of at most 64 KiB (labels) arrive as copies of their own, so
+    that keeping them holds none of the batch's memory. The pages a worker has written stay
+    allocated for reuse (at most about the batches it has in flight at once), and the main
+    process keeps them mapped while the worker lives, so reading the next batch faults nothing
+    in (its resident size counts them; they are the worker's memory, not a copy);
+    ``recycle=False`` gives the ordinary path."""
 
     def __init__(
         self,
@@ -94,12 +96,29 @@ class ImageCollate:
     def __call__(self, batch: Sequence[Any]) -> Any:
         if not batch:
             raise ValueError("ImageCollate: batch is empty")
-        zero_copy = self.shared_ring is not None and get_worker_info() is not None
+        in_worker = get_worker_info() is not None
+        if in_worker and self.shared_ring is not None:
+            return self.shared_ring.pack(self._collate(batch, lazy=True))
+        if in_worker and self.recycle and not isinstance(batch[0], Tensor):
+            # every field in one region of the worker's recycled memory: the images (or the
+            # transform's output) written there once, the labels beside them, where the
+            # ordinary path takes a fresh shared-memory file per tensor
+            lazy = self._collate(batch, lazy=True)
+            recycled = _recycled.recycle_batch(lazy)
+            if recycled is not lazy:
+                return recycled
+            # no room now (the consumer keeps many batches), or fields that cannot cross
+            # recycled: the ordinary path, the images in memory of their own
+        return self._collate(batch, lazy=False)
+
+    def _collate(self, batch: Sequence[Any], lazy: bool) -> Any:
+        """The batch, with ``lazy``: its images (or the transform's output) as buffers written
+        once their memory is known (a ring's region) and the other fields in private memory."""
         if self.transform is not None:
-            pack_images = self._lazy_transformed if zero_copy else self._transformed
+            pack_images = self._lazy_transformed if lazy else self._transformed
         else:
-            pack_images = _lazy_images if zero_copy else self._packed
-        other = private_collate if zero_copy else default_collate
+            pack_images = _lazy_images if lazy else self._packed
+        other = private_collate if lazy else default_collate
         first = batch[0]
         if isinstance(first, Tensor):
             out: Any = pack_images(batch, self.layout)
@@ -114,6 +133,9 @@ class ImageCollate:
             }
         elif isinstance(first, tuple | list):
             key = self.image_key
+            named = getattr(type(first), "_fields", None)  # a namedtuple: a field name too
+            if isinstance(key, str) and isinstance(named, tuple) and key in named:
+                key = named.index(key)
             if not isinstance(key, int) or not 0 <= key < len(first):
                 raise KeyError(f"ImageCollate: samples have no position {key!r}")
             fields = [
@@ -122,12 +144,15 @@ class ImageCollate:
                 else other([s[j] for s in batch])
                 for j in range(len(first))
             ]
-            out = type(first)(fields) if isinstance(first, tuple) else fields
+            if named is not None:
+                out = type(first)(*fields)
+            else:
+                out = type(first)(fields) if isinstance(first, tuple) else fields
         else:
             raise TypeError(
                 f"ImageCollate: samples must be images, dicts or tuples, got {type(first).__name__}"
             )
-        return self.shared_ring.pack(out) if zero_copy and self.shared_ring else out
+        return out
 
     def _packed(self, images: Sequence[Tensor], layout: Layout) -> RaggedImages:
         return RaggedImages.from_images(images, layout, recycle=self.recycle)

@@ -362,8 +362,18 @@ def _reduce_for_queue(batch: _Recycled) -> tuple[Any, ...]:
     return batch.__reduce__()  # the ordinary type's
 
 
+# Tensors of a recycled batch this small are copied out of its region on arrival, so that one
+# kept past its batch (the labels an evaluation loop collects) holds none of the batch's memory:
+# a view would keep the whole region, the images beside it, from going back to the worker.
+SMALL_FIELD_BYTES = 64 << 10
+
+
+def _own_if_small(t: Tensor) -> Tensor:
+    return t.clone() if t.nbytes <= SMALL_FIELD_BYTES else t
+
+
 def _received(ref: RingRef, slot: int, generation: int, nbytes: int, owner: int, tree: Any) -> Any:
-    return view_batch(tree, receive(ref, slot, generation, nbytes, owner))
+    return view_batch(tree, receive(ref, slot, generation, nbytes, owner), _own_if_small)
 
 
 for _kind in _recycled_types.values():
