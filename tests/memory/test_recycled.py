@@ -360,6 +360,14 @@ def test_a_receiver_without_the_mapping_opens_the_ring_through_proc(monkeypatch)
     """A batch whose worker sent its descriptor elsewhere (here: the mapping forgotten after the
     first batch) is mapped from /proc/<worker>/fd/<fd>; the batches stay the ordinary ones."""
     counting = CountingAttach(monkeypatch)
+    carried = []  # per mapping made: whether the batch carried the descriptor
+    real_open = _recycled._Mappings._open
+
+    def opened(ref, owner):
+        carried.append(ref.dup is not None)
+        return real_open(ref, owner)
+
+    monkeypatch.setattr(_recycled._Mappings, "_open", staticmethod(opened))
     ds = Images(24)
     dl = loader(ds, num_workers=1, persistent_workers=True)
     got = []
@@ -369,6 +377,7 @@ def test_a_receiver_without_the_mapping_opens_the_ring_through_proc(monkeypatch)
         _recycled._mappings.rings.clear()  # the next batch finds no mapping and no descriptor
     plain = list(loader(ds, recycle=False))
     assert len(got) == len(plain) == 6 and counting.calls == 6
+    assert carried == [True] + [False] * 5  # the first by its descriptor, the rest from /proc
     for (a, la), (b, lb) in zip(got, plain, strict=True):
         assert recycled(a) and torch.equal(a.data, b.data) and torch.equal(la, lb)
     del batch, got, dl
