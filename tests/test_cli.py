@@ -246,6 +246,25 @@ def test_doctor_says_what_a_self_sized_ring_may_take(cli):
     )
 
 
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) != os.cpu_count(),
+    reason="this process is pinned to some CPUs",
+)
+def test_doctor_counts_every_rank_torchrun_starts_here(cli):
+    """Ranks of one node share its CPUs and its /dev/shm: as many ranks as CPUs leave each under
+    two for its main process and its workers, and the batches in flight add up."""
+    cpus = os.cpu_count()
+    out = cli("doctor", "--workers", "1", "--batch-mb", "10", LOCAL_WORLD_SIZE=str(cpus)).stdout
+    assert (
+        f"LOCAL_WORLD_SIZE={cpus} ranks x (num_workers=1 + the main process) = {2 * cpus} "
+        f"processes on {cpus} CPUs: each rank has fewer than two CPUs" in out
+    )
+    assert f"(1 workers x prefetch_factor 2 x 10 MB); {cpus} ranks share it: " in out
+    assert "leaves no CPU for the main process" not in out  # the per-rank advice instead
+    one = cli("doctor", "--workers", "1", "--batch-mb", "10", LOCAL_WORLD_SIZE="1").stdout
+    assert "ranks x" not in one and "ranks share it" not in one
+
+
 def _folder_of_jpegs(root: Path, shapes) -> Path:
     for i, (h, w) in enumerate(shapes):
         image = torch.full((3, h, w), 40 * i, dtype=torch.uint8)  # only headers are read

@@ -14,7 +14,7 @@ from torchfeed._extension import C, build_info
 from torchfeed._pipeline_bench.dataset import list_image_folder
 from torchfeed.decode import _reduction
 from torchfeed.memory import PinnedRing
-from torchfeed.memory._budget import memory_budget
+from torchfeed.memory._budget import Budget, memory_budget
 
 __all__ = ["images_report", "report"]
 
@@ -78,11 +78,32 @@ def report(
             )
     else:
         lines.append("GPU: none usable (kernels run on the CPU; pinned memory is not available)")
+    try:
+        budget: Budget | None = memory_budget()
+    except ValueError as e:  # a LOCAL_WORLD_SIZE that is not a count: report, do not fail
+        budget = None
+        lines.append(f"host memory: {e}")
+        advice.append(f"fix the environment: {e}")
+    ranks = budget.processes if budget is not None else 1
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     lines.append(
         f"CPUs usable by this process: {cpus}; torch intra-op threads: {torch.get_num_threads()}"
     )
-    if cpus is not None and workers >= cpus:
+    if cpus is not None and ranks > 1 and cpus == os.cpu_count():
+        # every rank torchrun started here may run on every CPU: each has its share of them
+        mine = max(cpus // ranks, 1)
+        if workers >= mine:
+            advice.append(
+                f"LOCAL_WORLD_SIZE={ranks} ranks x (num_workers={workers} + the main process) "
+                f"= {ranks * (workers + 1)} processes on {cpus} CPUs: "
+                + (
+                    f"try num_workers={mine - 1} per rank"
+                    if mine >= 2
+                    else "each rank has fewer than two CPUs for its main process and its "
+                    "workers, which compete for them whatever num_workers is"
+                )
+            )
+    elif cpus is not None and workers >= cpus:
         advice.append(
             f"num_workers={workers} leaves no CPU for the main process ({cpus} usable), "
             "which runs the training step (and torchfeed's fused transform, unless it runs in "
@@ -103,12 +124,7 @@ def report(
             "in the main process)"
         )
     need = workers * prefetch_factor * batch_mb * 1e6
-    try:
-        budget = memory_budget()
-    except ValueError as e:  # a LOCAL_WORLD_SIZE that is not a count: report, do not fail
-        lines.append(f"host memory: {e}")
-        advice.append(f"fix the environment: {e}")
-    else:
+    if budget is not None:
         lines.append(
             "host memory: a ring torchfeed sizes itself (zero copy, the prefetcher's) gets at "
             f"most {budget.describe(2)}" + (", all page-locked" if info["gpu_available"] else "")
@@ -126,12 +142,13 @@ def report(
         advice.append("no /dev/shm: DataLoader workers cannot share batches; use num_workers=0")
     else:
         total, free = shm
+        every = f"; {ranks} ranks share it: {ranks * need / 1e9:.2f} GB" if ranks > 1 else ""
         lines.append(
             f"/dev/shm: {total / 1e9:.1f} GB, {free / 1e9:.1f} GB free; the loader "
             f"needs about {need / 1e9:.2f} GB ({workers} workers x prefetch_factor "
-            f"{prefetch_factor} x {batch_mb:g} MB)"
+            f"{prefetch_factor} x {batch_mb:g} MB){every}"
         )
-        if need > free:
+        if ranks * need > free:
             advice.append(
                 "/dev/shm is smaller than the batches in flight: workers will fail "
                 "with 'bus error'; enlarge it (docker: --shm-size) or lower "
