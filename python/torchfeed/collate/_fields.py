@@ -164,15 +164,21 @@ def leave_worker(
     collate: Callable[[bool], Any],
     shared_ring: SharedRing | None = None,
     recycle: bool = False,
+    lazy: bool = False,
 ) -> Any:
     """A collate's batch in the form it leaves the process it is made in. ``collate(private)``
     makes it; ``private`` keeps fixed fields out of the worker's shared memory, for a batch that
     is copied once more anyway. Outside a DataLoader worker: ``collate(False)``. In one: packed
     into ``shared_ring`` when given (zero copy); else, with ``recycle``, a dict, list, tuple or
-    namedtuple batch is written into the worker's recycled memory; else ``collate(False)``."""
+    namedtuple batch is written into the worker's recycled memory; else ``collate(False)``.
+    ``lazy``: ``collate(True)`` may hold :class:`~torchfeed._tree.Lazy` buffers, written once
+    their memory is known, so a batch that cannot cross recycled (no room now, or a type that
+    cannot) is made afresh by ``collate(False)``."""
     if get_worker_info() is not None:
         if shared_ring is not None:
             return shared_ring.pack(collate(True))
         if recycle:
-            return _recycled.recycle_batch(collate(True))
+            private = collate(True)
+            recycled = _recycled.recycle_batch(private)
+            return collate(False) if lazy and recycled is private else recycled
     return collate(False)

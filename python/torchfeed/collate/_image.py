@@ -8,13 +8,13 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import default_collate
 
 from torchfeed._packing import Layout, check_layout, image_shapes, storage_views
 from torchfeed._tree import Lazy, concat
-from torchfeed.collate._fields import private_collate
+from torchfeed.collate._fields import leave_worker, private_collate
 from torchfeed.images import RaggedImages
-from torchfeed.memory import SharedRing, _recycled
+from torchfeed.memory import SharedRing
 
 __all__ = ["BatchTransform", "ImageCollate"]
 
@@ -96,20 +96,14 @@ class ImageCollate:
     def __call__(self, batch: Sequence[Any]) -> Any:
         if not batch:
             raise ValueError("ImageCollate: batch is empty")
-        in_worker = get_worker_info() is not None
-        if in_worker and self.shared_ring is not None:
-            return self.shared_ring.pack(self._collate(batch, lazy=True))
-        if in_worker and self.recycle and not isinstance(batch[0], Tensor):
-            # every field in one region of the worker's recycled memory: the images (or the
-            # transform's output) written there once, the labels beside them, where the
-            # ordinary path takes a fresh shared-memory file per tensor
-            lazy = self._collate(batch, lazy=True)
-            recycled = _recycled.recycle_batch(lazy)
-            if recycled is not lazy:
-                return recycled
-            # no room now (the consumer keeps many batches), or fields that cannot cross
-            # recycled: the ordinary path, the images in memory of their own
-        return self._collate(batch, lazy=False)
+        # In a worker, every field in one region of the zero-copy ring or of the worker's
+        # recycled memory: the images (or the transform's output) written there once, the
+        # labels beside them, where the ordinary path takes a fresh shared-memory file per
+        # tensor. A batch that cannot cross recycled (no room now; bare images, a RaggedImages
+        # alone) takes the ordinary path, its images in memory of their own.
+        return leave_worker(
+            lambda lazy: self._collate(batch, lazy), self.shared_ring, self.recycle, lazy=True
+        )
 
     def _collate(self, batch: Sequence[Any], lazy: bool) -> Any:
         """The batch, with ``lazy``: its images (or the transform's output) as buffers written
