@@ -13,7 +13,7 @@ import torch
 import torchvision
 
 from torchfeed._extension import build_info, physical_memory
-from torchfeed.memory._budget import cgroup_memory_limit
+from torchfeed.memory._budget import Budget, cgroup_memory_limit
 
 __all__ = [
     "format_machine",
@@ -39,14 +39,14 @@ def cpu_model() -> str:
 
 def machine_info() -> dict[str, Any]:
     info = build_info()
-    machine, container = physical_memory(), cgroup_memory_limit()
+    memory = Budget(physical_memory(), cgroup_memory_limit(), processes=1)
     return {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         # what the peak-memory column is set against (a container's limit only when lower)
-        "memory_gb": round(machine / 1e9, 1),
-        "memory_limit_gb": round(container / 1e9, 1) if container and container < machine else None,
+        "memory_gb": round(memory.machine / 1e9, 1),
+        "memory_limit_gb": round(memory.memory / 1e9, 1) if memory.limited else None,
         "torch_threads": torch.get_num_threads(),
         "gpu": info["gpu_name"],
         "python": platform.python_version(),

@@ -104,6 +104,11 @@ class Budget:
         self.processes = processes
         self.memory = min(machine, container) if container is not None else machine
 
+    @property
+    def limited(self) -> bool:
+        """Whether the container's limit, not the machine's memory, bounds this process."""
+        return self.container is not None and self.container < self.machine
+
     def share(self, parts: int) -> int:
         """``1 / parts`` of the memory this process may use, split among the local processes."""
         return max(self.memory // parts // self.processes, 1)
@@ -112,8 +117,8 @@ class Budget:
         """Words for :meth:`share`: e.g. "half of the container's 64.0 GB limit, shared by
         LOCAL_WORLD_SIZE=8 processes"."""
         fraction = {1: "all", 2: "half", 4: "a quarter"}.get(parts, f"1/{parts}")
-        if self.container is not None and self.container < self.machine:
-            where = f"the container's {self.container / 1e9:.1f} GB memory limit"
+        if self.limited:
+            where = f"the container's {self.memory / 1e9:.1f} GB memory limit"
         else:
             where = f"this machine's {self.machine / 1e9:.1f} GB"
         words = f"{fraction} of {where}"

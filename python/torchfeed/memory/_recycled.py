@@ -115,8 +115,7 @@ def _ref(ring: SharedRing) -> RingRef:
     global _announced, _announced_pid
     if _announced_pid != os.getpid():
         _announced, _announced_pid = set(), os.getpid()
-    st = os.fstat(ring._fd)
-    key = (st.st_dev, st.st_ino)
+    key = ring._identity  # found once per ring, not per batch
     dup = None
     if key not in _announced:
         dup = DupFd(ring._fd)

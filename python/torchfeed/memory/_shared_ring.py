@@ -9,6 +9,7 @@ mapped in every process and is already registered with the CUDA runtime.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from dataclasses import dataclass
@@ -121,6 +122,12 @@ class SharedRing(RingBase):
             raise ValueError(f"populate: nbytes must be an int >= 0 (bytes), got {nbytes!r}")
         self._populated = max(self._populated, self._ring.populate(nbytes))
         return self._populated
+
+    @functools.cached_property
+    def _identity(self) -> tuple[int, int]:
+        """(device, inode) of the memfd: which ring this is, in any process that maps it."""
+        st = os.fstat(self._fd)
+        return st.st_dev, st.st_ino
 
     def stats(self) -> dict[str, int]:
         """capacity, bytes_in_use, regions_in_workers (being written or in transit),
