@@ -6,6 +6,7 @@ is installed, and against fixed expected outputs everywhere."""
 from __future__ import annotations
 
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -262,3 +263,46 @@ def test_like_data_collator_with_flattening(hf, labels, flash):
 
 def test_the_top_level_collate_is_the_one_home():
     assert torchfeed.PadCollate is PadCollate and torchfeed.collate.PadCollate is PadCollate
+
+
+def test_no_arguments_on_tokenizer_output_says_which_collate_gives_model_inputs():
+    # a Hugging Face user's habit: collate_fn=PadCollate() on a tokenized dataset, then
+    # model(**batch); the batch is still the one auto mode documents, with a warning that says
+    # which keys a model refuses and what gives DataCollatorWithPadding's batch
+    collate = PadCollate()
+    with pytest.warns(UserWarning, match="tokenizer's output") as caught:
+        out = collate(FEATURES)
+    message = str(caught[0].message)
+    for part in ("input_ids_mask", "attention_mask_lengths", "'label' stays", "from_tokenizer"):
+        assert part in message, part
+    assert caught[0].filename == __file__  # it points at the caller, not at torchfeed
+    assert {"input_ids_mask", "attention_mask_mask", "label"} <= set(out)
+    assert out["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        collate(FEATURES)  # once per collate
+
+
+@pytest.mark.parametrize(
+    "collate",
+    [
+        PadCollate({"input_ids": 0, "attention_mask": 0}),  # the fields named: exactly these keys
+        PadCollate(masks={"input_ids": None, "attention_mask": None}),  # the output's names chosen
+        PadCollate(lengths={"input_ids": None}),
+    ],
+    ids=["ragged", "masks", "lengths"],
+)
+def test_tokenizer_output_with_fields_or_names_given_is_not_warned_about(collate):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = collate([{k: v for k, v in f.items() if k != "label"} for f in FEATURES])
+    assert out["input_ids"].shape == (3, 4)
+
+
+def test_samples_without_an_attention_mask_are_not_warned_about():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = PadCollate()(
+            [{"input_ids": [1, 2], "labels": [3]}, {"input_ids": [4], "labels": [5, 6]}]
+        )
+    assert out["labels"].tolist() == [[3, -100], [5, 6]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from torchfeed.ragged import RaggedBatch
 
 __all__ = ["PadCollate"]
 
+TOKENIZER_MASK = "attention_mask"  # the field a tokenizer's output has and other samples rarely do
+
 Key = Hashable
 
 
@@ -40,7 +43,9 @@ class PadCollate:
       lengths: lists or tuples of numbers, and 1-D tensors or arrays. A field of such values is
       padded, with its mask, in every batch, even one whose lengths happen to be equal. Fields
       named ``labels``, ``label_ids`` or ``label`` are padded with -100 (what the losses
-      ignore), the others with ``pad_value``.
+      ignore), the others with ``pad_value``. On a tokenizer's output (samples with an
+      ``attention_mask``) it warns once that the masks and lengths it adds are keys a model's
+      forward refuses: :meth:`from_tokenizer` gives ``DataCollatorWithPadding``'s batch.
     - ``ragged`` given: exactly those fields, each with its own pad value
       (``ragged={"input_ids": 0, "labels": -100}``, or a list of names that all use
       ``pad_value``).
@@ -129,6 +134,7 @@ class PadCollate:
                     "padded; pad it later with RaggedBatch.pad)"
                 )
         self.packed = packed
+        self._warned_tokenizer = False
         self.padding_side: Side = padding_side or "right"
         self.truncation_side: Side = truncation_side or "right"
         self.pad_to_multiple_of = pad_to_multiple_of
@@ -286,6 +292,8 @@ class PadCollate:
         if absent:
             raise ValueError(f"PadCollate: ragged field(s) {absent} are not in the samples {keys}")
         ragged = set(self._ragged_keys(keys, lambda k: [s[k] for s in batch]))
+        if self.auto and not self._warned_tokenizer and TOKENIZER_MASK in ragged:
+            self._warn_tokenizer_output(ragged, key_set)
         masks = self.masks if not self.auto else self._names(ragged, self._given_masks, "_mask")
         lengths = (
             self.lengths if not self.auto else self._names(ragged, self._given_lengths, "_lengths")
@@ -311,6 +319,34 @@ class PadCollate:
                     )
                 out[extra_name] = tensor
         return out
+
+    def _warn_tokenizer_output(self, ragged: set[Key], keys: set[Key]) -> None:
+        """Once: samples with a tokenizer's ``attention_mask`` met in auto mode, which gives
+        every list field a mask and lengths of its own, keys a model's forward refuses."""
+        self._warned_tokenizer = True
+        if self._given_masks or self._given_lengths:
+            return  # the user chose the output's names
+        added = [
+            f"{k}{suffix}" for k in sorted(map(str, ragged)) for suffix in ("_mask", "_lengths")
+        ]
+        label = [k for k in ("label", "label_ids") if k in keys]
+        warnings.warn(
+            "PadCollate(): these samples look like a tokenizer's output (they have an "
+            f"{TOKENIZER_MASK!r} field). With no arguments every list field gets a mask and "
+            f"lengths of its own, so the batch also has {added}, keys that model(**batch) "
+            "refuses"
+            + (
+                f", and {label[0]!r} stays as it is (a model's forward takes 'labels')"
+                if label
+                else ""
+            )
+            + ". PadCollate.from_tokenizer(tokenizer) gives what transformers' "
+            "DataCollatorWithPadding gives (its keys, the tokenizer's pad id and padding side); "
+            "or name the fields, ragged={'input_ids': pad_id, 'attention_mask': 0} with "
+            "masks=/lengths= (None leaves one out), for exactly the keys you want and no warning",
+            UserWarning,
+            stacklevel=7,  # the caller of PadCollate(): 6 frames up (leave_worker's 2 among them)
+        )
 
     def _collate_tuples(self, batch: Sequence[Sequence], private: bool) -> Any:
         width = len(batch[0])
