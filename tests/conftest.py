@@ -26,3 +26,13 @@ def isa(request):
         pytest.skip(f"this CPU has no {request.param}")
     yield now
     torchfeed._C._testing.limit_cpu_isa("avx512")  # the best the machine has
+
+
+@pytest.fixture
+def ring_views(monkeypatch):
+    """Every tensor of a ring's batch arrives as a view of its region, however small: for tests
+    of the regions themselves on small batches (tensors of at most SMALL_FIELD_BYTES otherwise
+    arrive as copies of their own, which hold no region)."""
+    from torchfeed.memory import _ring_base
+
+    monkeypatch.setattr(_ring_base, "SMALL_FIELD_BYTES", -1)

@@ -157,7 +157,7 @@ def test_no_timeout_waits_until_space_is_freed():
     assert not waiter.is_alive() and got[0].numel() == 4096
 
 
-def test_shared_ring_without_timeout_wakes_when_space_is_freed():
+def test_shared_ring_without_timeout_wakes_when_space_is_freed(ring_views):
     import threading
 
     ring = SharedRing(4096, timeout=None)

@@ -45,8 +45,10 @@ class ZeroCopyLoader(ResumableLoader):
     ``collate_fn`` must be ring-aware: :class:`~torchfeed.PadCollate`,
     :class:`~torchfeed.ImageCollate`, or any callable with ``with_shared_ring(ring)`` returning
     a copy of itself that returns ``ring.pack(batch)`` inside workers. The batches you get are
-    identical to the ordinary path's; with ``num_workers=0`` there is nothing to share and it is
-    an ordinary DataLoader. ``ring_capacity`` (bytes) defaults to enough for every batch the
+    identical to the ordinary path's, their large tensors viewing the ring (tensors of at most
+    64 KiB, the labels, arrive as copies of their own: one kept past its batch holds no ring
+    memory); with ``num_workers=0`` there is nothing to share and it is an ordinary
+    DataLoader. ``ring_capacity`` (bytes) defaults to enough for every batch the
     workers can have in flight, estimated from a first batch's first 8 samples collated in
     this process (fewer, at least 2, when they take over 0.25 s, with more room to spare);
     without a GPU, memory is allocated as the workers first write it (about the batches in

@@ -33,8 +33,9 @@ class FakeStream:
 
 
 @pytest.fixture
-def fences(monkeypatch):
-    """The meta device stands for a GPU; every fence is held until complete()."""
+def fences(monkeypatch, ring_views):
+    """The meta device stands for a GPU; every fence is held until complete(); every tensor of
+    these small batches a view of its region (ring_views), which the fences concern."""
     monkeypatch.setattr(_fenced, "FENCED_DEVICE_TYPES", {"meta"})
     monkeypatch.setattr(_fenced, "fences_unpinned", True)
     monkeypatch.setattr(_fenced, "_stream_for", lambda device: FakeStream())

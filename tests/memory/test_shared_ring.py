@@ -18,6 +18,9 @@ from torchfeed import ImageCollate, PadCollate, RaggedBatch, loader
 from torchfeed._tree import tensors_of
 from torchfeed.memory import SharedRing
 
+# the regions themselves, on small batches: every tensor a view of its region, however small
+pytestmark = pytest.mark.usefixtures("ring_views")
+
 many_workers = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 

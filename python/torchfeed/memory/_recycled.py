@@ -40,6 +40,7 @@ from torch.utils.data import get_worker_info
 from torchfeed._extension import C
 from torchfeed._tree import tensors_of
 from torchfeed.memory._budget import memory_budget
+from torchfeed.memory._ring_base import own_if_small
 from torchfeed.memory._shared_ring import SharedRing, batch_layout, place_batch, view_batch
 
 __all__ = [
@@ -361,14 +362,9 @@ def _reduce_for_queue(batch: _Recycled) -> tuple[Any, ...]:
     return batch.__reduce__()  # the ordinary type's
 
 
-# Tensors of a recycled batch this small are copied out of its region on arrival, so that one
-# kept past its batch (the labels an evaluation loop collects) holds none of the batch's memory:
-# a view would keep the whole region, the images beside it, from going back to the worker.
-SMALL_FIELD_BYTES = 64 << 10
-
-
 def _own_if_small(t: Tensor) -> Tensor:
-    return t.clone() if t.nbytes <= SMALL_FIELD_BYTES else t
+    own = own_if_small(t)
+    return t if own is None else own
 
 
 def _received(ref: RingRef, slot: int, generation: int, nbytes: int, owner: int, tree: Any) -> Any:

@@ -11,9 +11,35 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["DEFAULT", "RingBase", "check_timeout", "timeout_arg"]
+__all__ = [
+    "DEFAULT",
+    "SMALL_FIELD_BYTES",
+    "RingBase",
+    "check_timeout",
+    "own_if_small",
+    "timeout_arg",
+]
 
 DEFAULT: Any = object()  # a method's timeout when not given: the ring's own
+
+
+# Tensors of a batch this small are copied out of its ring region on arrival (zero-copy and
+# recycled batches alike), so that one kept past its batch holds none of the batch's memory: a
+# view would keep the whole region, the images beside it, from going back to the ring. The
+# labels an evaluation loop collects, or those a prefetcher's CPU transform passes through while
+# the images become its own output, would otherwise hold a region each: with whole photos, 1.4 GB
+# of ring per 500-byte label tensor.
+SMALL_FIELD_BYTES = 64 << 10
+
+
+def own_if_small(t: Tensor, pinned: bool = False) -> Tensor | None:
+    """A copy of ``t`` in memory of its own (page-locked when ``pinned``, as the region was, so
+    the batch stays all page-locked) when it is at most :data:`SMALL_FIELD_BYTES`; else None."""
+    if t.nbytes > SMALL_FIELD_BYTES:
+        return None
+    if not pinned:
+        return t.clone()
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
 
 
 def check_timeout(timeout: float | None, name: str = "timeout") -> float | None:

@@ -21,7 +21,7 @@ from torch import Tensor
 from torchfeed._extension import C
 from torchfeed._tree import Lazy, carve, field_layout, map_tensors, nbytes
 from torchfeed.memory._fenced import fenced
-from torchfeed.memory._ring_base import DEFAULT, RingBase, check_timeout
+from torchfeed.memory._ring_base import DEFAULT, RingBase, check_timeout, own_if_small
 
 __all__ = ["RingHandle", "SharedRing"]
 
@@ -174,9 +174,17 @@ class SharedRing(RingBase):
     def unpack(self, handle: RingHandle) -> Any:
         """The batch of a handle, as tensors viewing the region, which is released when they are
         all freed and every copy queued from them has finished (page-locked, they are
-        RingTensors: any copy to a device fences the region after it)."""
+        RingTensors: any copy to a device fences the region after it). Tensors of at most
+        ``SMALL_FIELD_BYTES`` (64 KiB: labels, lengths) arrive as copies of their own, page-locked
+        too where the ring is, so that one kept past its batch does not keep the region."""
         region = self._ring.view(handle.slot, handle.generation, handle.nbytes)
-        return view_batch(handle.tree, region, lambda t: fenced(t, self))
+        pinned = self.pinned
+
+        def arrive(t: Tensor) -> Tensor:
+            own = own_if_small(t, pinned)
+            return fenced(t, self) if own is None else own
+
+        return view_batch(handle.tree, region, arrive)
 
     def __del__(self) -> None:
         # The memory itself (unregistered, then unmapped) goes with the last tensor viewing it.
