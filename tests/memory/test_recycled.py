@@ -300,6 +300,21 @@ def test_a_mapping_goes_once_its_worker_has_exited(monkeypatch):
             assert torch.equal(image, ds[4 * b + k][0].permute(2, 0, 1))
 
 
+def test_a_full_collection_drops_the_mappings_of_exited_workers_at_once(monkeypatch):
+    # gc.collect() after a loader is done: its workers' memory goes now, not during whatever
+    # runs next (young collections still check at most every CHECK_EVERY seconds)
+    monkeypatch.setattr(_recycled._Mappings, "CHECK_EVERY", 3600.0)
+    it = iter(loader(Pids()))
+    kept = [next(it), next(it)]
+    workers = {int(p) for _, pids in kept for p in pids}
+    kept += list(it)  # exhausted: the workers (not persistent) have exited
+    gc.collect(1)
+    assert workers <= owners()  # a young collection within CHECK_EVERY: not checked
+    gc.collect()
+    assert not workers & owners()
+    assert len(kept) == 4
+
+
 def test_a_process_is_dead_only_when_the_system_has_no_such_process():
     # the one test of a worker's life, C++'s, for rings and for these mappings alike
     from torchfeed._extension import C
