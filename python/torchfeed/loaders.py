@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from torchfeed._extension import C
 from torchfeed._resumable import ResumableLoader
 from torchfeed._tree import tensors_of
 from torchfeed.memory._budget import memory_budget
@@ -48,22 +49,23 @@ class ZeroCopyLoader(ResumableLoader):
     identical to the ordinary path's, their large tensors viewing the ring (tensors of at most
     64 KiB, the labels, arrive as copies of their own: one kept past its batch holds no ring
     memory); with ``num_workers=0`` there is nothing to share and it is an ordinary
-    DataLoader. ``ring_capacity`` (bytes) defaults to enough for every batch the
-    workers can have in flight, estimated from a first batch's first 8 samples collated in
-    this process (fewer, at least 2, when they take over 0.25 s, with more room to spare);
-    without a GPU, memory is allocated as the workers first write it (about the batches in
-    flight); with one, the ring is page-locked when it is made (``cudaHostRegister`` locks every
-    page), so all of ``ring_capacity`` is resident from the start. The default is at most half
-    the memory this process may use: the machine's, or the container's memory limit where that
-    is lower, divided among the ranks torchrun started on the machine (``LOCAL_WORLD_SIZE``); a
-    batch larger than the ring takes the ordinary path. A ``ring_capacity`` set by
-    hand needs room for ``num_workers * prefetch_factor`` batches and those the consumer holds:
-    with less, a worker can fill it with batches sent after the one the consumer waits for, and
-    waits for room (``ring_timeout``, then an error); the loader warns at the first batch
-    when the ring cannot hold them. ``ring_timeout`` is how long a worker
-    waits for space (seconds, or None: forever). One iterator at a time: a new ``iter(loader)``
-    takes back the ring regions of the previous iterator's batches, and that iterator then
-    raises a RuntimeError saying so (an ordinary DataLoader would run both).
+    DataLoader. Without a usable GPU the ring's memory is allocated as the workers first write
+    it (about the batches in flight, whatever the capacity), so ``ring_capacity`` (bytes)
+    defaults to half the memory this process may use, with nothing measured up front. With one,
+    the ring is page-locked when it is made (``cudaHostRegister`` locks every page), so all of
+    it is resident from the start, and ``ring_capacity`` defaults to enough for every batch the
+    workers can have in flight, estimated from a first batch's first 8 samples collated in this
+    process (fewer, at least 2, when they take over 0.25 s, with more room to spare), at most
+    half the memory this process may use. That memory is the machine's, or the container's
+    memory limit where that is lower, divided among the ranks torchrun started on the machine
+    (``LOCAL_WORLD_SIZE``); a batch larger than the ring takes the ordinary path. A
+    ``ring_capacity`` set by hand needs room for ``num_workers * prefetch_factor`` batches and
+    those the consumer holds: with less, a worker can fill it with batches sent after the one
+    the consumer waits for, and waits for room (``ring_timeout``, then an error); the loader
+    warns at the first batch when the ring cannot hold them. ``ring_timeout`` is how long a
+    worker waits for space (seconds, or None: forever). One iterator at a time: a new
+    ``iter(loader)`` takes back the ring regions of the previous iterator's batches, and that
+    iterator then raises a RuntimeError saying so (an ordinary DataLoader would run both).
     """
 
     def __init__(
@@ -110,6 +112,14 @@ class ZeroCopyLoader(ResumableLoader):
 
     def _make_ring(self) -> None:
         capacity = self._ring_capacity
+        if capacity is None and not _pins_host_memory():
+            # Nothing is page-locked without a usable GPU, and pages are allocated as the workers
+            # first write them (first fit from the start): the ring costs what its batches use
+            # whatever its capacity. So it takes its whole share, with no probe, which collated
+            # a first batch's samples here before the workers started: a quarter second of the
+            # first epoch on photos, whose zero-copy pipelines then took 1.5x-1.7x their later
+            # epochs (35 real photographs, epochs of 3 batches)
+            capacity = memory_budget().share(2)
         if capacity is None:
             nbytes, samples, exact = self._probe_batch_bytes()
             waiting = self._queued_batches()
@@ -240,6 +250,13 @@ class _Unpacking:
 
     def __len__(self) -> int:
         return len(self._it)  # type: ignore[arg-type]
+
+
+def _pins_host_memory() -> bool:
+    """Whether a SharedRing made now is page-locked (CUDA kernels built and a GPU usable): then
+    every byte of its capacity is resident from the start, and the capacity is sized to the
+    batches."""
+    return bool(C.build_info()["cuda_compiled"]) and torch.cuda.is_available()
 
 
 def loader(dataset: Dataset, *, zero_copy: bool = False, **kwargs: Any) -> ResumableLoader:

@@ -349,6 +349,33 @@ class Counted(Dataset):
         return torch.full((self.side, self.side, 1), i % 256, dtype=torch.uint8), i
 
 
+@pytest.fixture
+def page_locked_sizing(monkeypatch):
+    """The loader sizes its ring as on a GPU machine, where every byte of it is page-locked (the
+    ring itself is not: there is no GPU here)."""
+    from torchfeed import loaders
+
+    monkeypatch.setattr(loaders, "_pins_host_memory", lambda: True)
+
+
+def test_without_a_gpu_the_ring_takes_its_share_and_nothing_is_probed():
+    # nothing page-locked: pages are allocated as first written, so the capacity costs nothing
+    # and the first epoch pays for no probe (no sample read in this process)
+    from torchfeed.memory._budget import memory_budget
+
+    data = Counted()
+    dl = loader(data, zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"), batch_size=32,
+                num_workers=2)  # fmt: skip
+    batches = list(dl)
+    assert data.reads == 0 and dl.shared_ring.capacity == memory_budget().share(2)
+    assert not dl.shared_ring.pinned
+    # what the batches in flight used (2 x 2 queued, 1 held; 32 KiB of images a batch)
+    assert 0 < dl.shared_ring.stats()["high_water"] <= 5 * (32 * 1024 + 1024)
+    assert same(batches, list(loader(Counted(), collate_fn=ImageCollate(0, layout="HWC"),
+                                     batch_size=32)))  # fmt: skip
+
+
+@pytest.mark.usefixtures("page_locked_sizing")
 def test_the_ring_is_sized_from_eight_samples_and_the_loader_queue():
     data = Counted()
     dl = loader(data, zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"), batch_size=32,
@@ -374,6 +401,7 @@ class Slow(Counted):
         return super().__getitem__(i)
 
 
+@pytest.mark.usefixtures("page_locked_sizing")
 def test_slow_samples_are_probed_fewer_with_more_room_to_spare():
     data = Slow(24)
     dl = loader(data, zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"), batch_size=12,
@@ -401,11 +429,13 @@ def test_slow_samples_are_probed_fewer_with_more_room_to_spare():
         ),
     ],
 )
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
 def test_a_ring_is_never_sized_beyond_half_the_memory_it_may_use(
-    monkeypatch, machine, container, ranks, said
+    monkeypatch, machine, container, ranks, said, gpu
 ):
     """Half of the machine's memory, or of the container's limit where lower, divided among the
     ranks torchrun started on the machine: 8 MiB in each case here."""
+    from torchfeed import loaders
     from torchfeed.memory import _budget
 
     monkeypatch.setattr(_budget, "physical_memory", lambda: machine)
@@ -417,8 +447,12 @@ def test_a_ring_is_never_sized_beyond_half_the_memory_it_may_use(
     # batches of 8 x 256 KiB: 2 MiB each, so 1.5 x 2 MiB x (2 queued + 4) wanted
     dl = loader(Counted(40, side=512), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"),
                 batch_size=8, num_workers=1)  # fmt: skip
-    with pytest.warns(RuntimeWarning, match=r"want a ring of 0\.0 GB; it gets " + said):
-        count = sum(1 for _ in dl)  # each batch dropped before the next
+    monkeypatch.setattr(loaders, "_pins_host_memory", lambda: gpu)
+    if gpu:  # sized to the batches, which want more than the share: said so
+        with pytest.warns(RuntimeWarning, match=r"want a ring of 0\.0 GB; it gets " + said):
+            count = sum(1 for _ in dl)  # each batch dropped before the next
+    else:  # the share itself: nothing to warn about
+        count = sum(1 for _ in dl)
     assert dl.shared_ring.capacity == 8 << 20 and count == 5
     assert dl.shared_ring.stats()["allocations"] == 5  # workers waited for room, none fell back
 
