@@ -60,8 +60,14 @@ def build_info() -> dict[str, Any]:
     info["torch_version_now"] = torch.__version__
     info["gpu_available"] = torch.cuda.is_available()
     info["gpu_name"] = torch.cuda.get_device_name() if info["gpu_available"] else None
-    info["gpu_kernels_usable"] = info["cuda_compiled"] and info["gpu_available"]
+    info["gpu_kernels_usable"] = gpu_kernels_usable()
     return info
+
+
+def gpu_kernels_usable() -> bool:
+    """Whether the CUDA kernels were compiled and a GPU is usable now (and so whether a
+    SharedRing made now is page-locked)."""
+    return bool(C.build_info()["cuda_compiled"]) and torch.cuda.is_available()
 
 
 def physical_memory() -> int:

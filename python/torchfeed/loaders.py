@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from torchfeed._extension import C
+from torchfeed._extension import gpu_kernels_usable
 from torchfeed._resumable import ResumableLoader
 from torchfeed._tree import tensors_of
 from torchfeed.memory._budget import memory_budget
@@ -112,7 +112,8 @@ class ZeroCopyLoader(ResumableLoader):
 
     def _make_ring(self) -> None:
         capacity = self._ring_capacity
-        if capacity is None and not _pins_host_memory():
+        # a ring made with usable GPU kernels is page-locked: every byte resident from the start
+        if capacity is None and not gpu_kernels_usable():
             # Nothing is page-locked without a usable GPU, and pages are allocated as the workers
             # first write them (first fit from the start): the ring costs what its batches use
             # whatever its capacity. So it takes its whole share, with no probe, which collated
@@ -250,13 +251,6 @@ class _Unpacking:
 
     def __len__(self) -> int:
         return len(self._it)  # type: ignore[arg-type]
-
-
-def _pins_host_memory() -> bool:
-    """Whether a SharedRing made now is page-locked (CUDA kernels built and a GPU usable): then
-    every byte of its capacity is resident from the start, and the capacity is sized to the
-    batches."""
-    return bool(C.build_info()["cuda_compiled"]) and torch.cuda.is_available()
 
 
 def loader(dataset: Dataset, *, zero_copy: bool = False, **kwargs: Any) -> ResumableLoader:

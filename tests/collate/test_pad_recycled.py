@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from torchfeed import PadCollate, RaggedBatch
 from torchfeed._tree import tensors_of
-from torchfeed.memory import _recycled, _ring_base
+from torchfeed.memory import _recycled
 
 from helpers import text_sample
 
@@ -146,9 +146,9 @@ def test_namedtuple_batches_recycle_with_spawn():
         assert all(in_recycled_memory(t) for t in leaves(batch))
 
 
-def test_a_consumer_keeping_every_batch_never_waits(monkeypatch):
+def test_a_consumer_keeping_every_batch_never_waits(monkeypatch, ring_views):
+    # ring_views: kept, these small batches hold their regions
     monkeypatch.setattr(_recycled, "RING_MIN_BYTES", 0)  # rings of 6 first batches (forked)
-    monkeypatch.setattr(_ring_base, "SMALL_FIELD_BYTES", -1)  # kept, these small batches hold it
     kept = list(DataLoader(Samples(400), batch_size=4, num_workers=2, collate_fn=PadCollate()))
     assert len(kept) == 100  # far more than a worker's memory holds: the ordinary path then
     modes = [in_recycled_memory(b["input_ids"]) for b in kept]
@@ -247,11 +247,12 @@ def test_outside_workers_a_plain_dict():
         ("namedtuple", Pair),  # a recycled subclass of it
     ],
 )
-def test_a_recycled_batch_pickles_and_copies_as_its_plain_type(monkeypatch, kind, recycled_type):
+def test_a_recycled_batch_pickles_and_copies_as_its_plain_type(
+    monkeypatch, ring_views, kind, recycled_type
+):  # ring_views: these small fields views too
     monkeypatch.setattr(_recycled, "get_worker_info", lambda: object())  # as in a worker
     monkeypatch.setattr(_recycled, "_worker_ring_pid", -1)  # a ring of this process's own
     monkeypatch.setattr("torchfeed.collate._fields.get_worker_info", lambda: object())
-    monkeypatch.setattr(_ring_base, "SMALL_FIELD_BYTES", -1)  # these small fields views too
     ragged = RAGGED[kind]
     samples = [as_kind(sample(i), kind) for i in range(1, 6)]
     batch = PadCollate(ragged)(samples)

@@ -355,7 +355,7 @@ def page_locked_sizing(monkeypatch):
     ring itself is not: there is no GPU here)."""
     from torchfeed import loaders
 
-    monkeypatch.setattr(loaders, "_pins_host_memory", lambda: True)
+    monkeypatch.setattr(loaders, "gpu_kernels_usable", lambda: True)
 
 
 def test_without_a_gpu_the_ring_takes_its_share_and_nothing_is_probed():
@@ -447,7 +447,7 @@ def test_a_ring_is_never_sized_beyond_half_the_memory_it_may_use(
     # batches of 8 x 256 KiB: 2 MiB each, so 1.5 x 2 MiB x (2 queued + 4) wanted
     dl = loader(Counted(40, side=512), zero_copy=True, collate_fn=ImageCollate(0, layout="HWC"),
                 batch_size=8, num_workers=1)  # fmt: skip
-    monkeypatch.setattr(loaders, "_pins_host_memory", lambda: gpu)
+    monkeypatch.setattr(loaders, "gpu_kernels_usable", lambda: gpu)
     if gpu:  # sized to the batches, which want more than the share: said so
         with pytest.warns(RuntimeWarning, match=r"want a ring of 0\.0 GB; it gets " + said):
             count = sum(1 for _ in dl)  # each batch dropped before the next
