@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from torchfeed._pipeline_bench.dataset import ensure_large_dataset, list_image_folder
+from torchfeed._pipeline_bench.dataset import builtin_files, ensure_large_dataset, list_image_folder
 
 
 def parse(doc: str) -> tuple[argparse.ArgumentParser, Path, int, list[Path]]:
@@ -23,7 +23,10 @@ def parse(doc: str) -> tuple[argparse.ArgumentParser, Path, int, list[Path]]:
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     torch.set_num_threads(1)
-    folder = args.folder or ensure_large_dataset(128)
+    if args.folder is None:  # the bench's --large set: its first 128 files, whatever is cached
+        folder = ensure_large_dataset(128)
+        return parser, folder, args.repeats, builtin_files(folder, 128)[0]
+    folder = args.folder
     if not folder.is_dir():
         parser.error(f"folder: {folder} is not a directory")
     try:

@@ -6,6 +6,7 @@ import multiprocessing as mp
 import time
 
 import pytest
+import torch
 
 from torchfeed._pipeline_bench import dataset, resources
 
@@ -84,6 +85,25 @@ def test_the_photo_sized_variant():
     assert all(2e6 <= s <= 12.1e6 for s in sizes), sizes
     assert dataset.photo_encoding(0)["progressive"] and not dataset.photo_encoding(1)["progressive"]
     assert dataset.synthetic_photo(3).equal(dataset.synthetic_photo(3))  # deterministic
+
+
+def test_the_bench_measures_the_same_files_whatever_the_cache_holds(tmp_path, monkeypatch):
+    # a cache an earlier run filled further (--images 12, then the default): the first 5 files
+    # are the ones a fresh cache gives, in the order they were made, every class among them
+    small = [torch.full((3, 2, 2), i, dtype=torch.uint8) for i in range(12)]
+    monkeypatch.setattr(dataset, "synthetic_image", lambda i, seed=0: small[i])
+    fresh = dataset.ensure_builtin_dataset(5, tmp_path / "fresh", classes=5)
+    full = dataset.ensure_builtin_dataset(12, tmp_path / "full", classes=5)
+    want = [fresh / f"class_{i:02d}" / f"{i:05d}.jpg" for i in range(5)]
+    assert dataset.builtin_files(fresh, 5, classes=5) == (want, [0, 1, 2, 3, 4])
+    files, labels = dataset.builtin_files(full, 5, classes=5)
+    assert [p.relative_to(full) for p in files] == [p.relative_to(fresh) for p in want]
+    assert labels == [0, 1, 2, 3, 4]
+    # what a listing of the folder gives instead: two classes' files
+    _, listed_labels = dataset.list_image_folder(full, 5)
+    assert set(listed_labels) == {0, 1}
+    with pytest.raises(FileNotFoundError, match="7 of the 12 built-in files are missing"):
+        dataset.builtin_files(fresh, 12, classes=5)
 
 
 def test_the_bench_says_which_pipeline_to_pick():

@@ -249,7 +249,7 @@ def _cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         else:
             make = dataset.ensure_large_dataset if args.large else dataset.ensure_builtin_dataset
             root = make(n_images, args.cache_dir, progress=_progress_printer(not args.no_progress))
-            files, labels = dataset.list_image_folder(root, n_images)
+            files, labels = dataset.builtin_files(root, n_images)
         payload["agreement"] = agreement.check_agreement(files)
         # stages first, on a quiet machine (no pipeline's workers around)
         payload["stages"] = stages.stage_breakdown(

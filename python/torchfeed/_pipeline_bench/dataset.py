@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torchfeed._pil import encode_jpeg
 
 __all__ = [
+    "builtin_files",
     "default_cache_dir",
     "ensure_builtin_dataset",
     "ensure_large_dataset",
@@ -63,6 +64,28 @@ def synthetic_image(index: int, seed: int = 0) -> torch.Tensor:
     return (img[0].clamp(0, 1) * 255).round().to(torch.uint8)
 
 
+def _jpeg_path(root: Path, index: int, classes: int) -> Path:
+    return root / f"class_{index % classes:02d}" / f"{index:05d}.jpg"
+
+
+def builtin_files(root: Path, count: int, classes: int = 10) -> tuple[list[Path], list[int]]:
+    """The first ``count`` files of a built-in dataset (``ensure_builtin_dataset`` or
+    ``ensure_large_dataset`` with the same ``count`` and ``classes``), in the order they were
+    made, and their classes. Never a listing of the folder: a cache that an earlier run (a larger
+    ``--images``) filled further holds more files, and the first ``count`` of them sorted by
+    name would be a few classes' files, not the set a fresh cache gives (in the large variant,
+    two classes of which one is all progressive JPEGs, half of the set instead of a fifth, and
+    all of them in the first half of the epoch)."""
+    files = [_jpeg_path(Path(root), i, classes) for i in range(count)]
+    missing = [p for p in files if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{root}: {len(missing)} of the {count} built-in files are missing (first: "
+            f"{missing[0].name}); make them with the dataset's ensure_* function"
+        )
+    return files, [i % classes for i in range(count)]
+
+
 def _ensure_jpegs(
     root: Path,
     count: int,
@@ -73,7 +96,7 @@ def _ensure_jpegs(
     """``count`` files ``root/class_07/00042.jpg`` (ImageFolder layout), ``make(i)`` writing
     only the missing ones; each lands under its name whole or not at all."""
     for i in range(count):
-        path = root / f"class_{i % classes:02d}" / f"{i:05d}.jpg"
+        path = _jpeg_path(root, i, classes)
         if path.exists():
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
