@@ -131,6 +131,13 @@ def test_bench_json_schema(quick_run):
         assert row["cpu_ms_per_sample"] > 0 and row["peak_mb"] > 1, row
     baselines = [r for r in payload["results"] if r["speedup"] == 1.0]
     assert len(baselines) >= 2  # one per suite
+    # each timed before and again after the others, and each run's figure kept
+    for row in baselines:
+        assert len(row["baseline_runs_per_s"]) == 2 and min(row["baseline_runs_per_s"]) > 0, row
+        assert row["samples_per_s"] <= max(row["baseline_runs_per_s"]) * 1.0001
+    assert (
+        sum("timed again after the others" in line for line in quick_run[0].stdout.split("\n")) == 2
+    )
     assert payload["agreement"]["max_abs_diff"] <= payload["agreement"]["bound"]
     assert payload["agreement"]["window_max_abs_diff"] <= payload["agreement"]["window_bound"]
     assert all("scaled_ms" in row for row in payload["stages"] if "baseline_ms" in row)

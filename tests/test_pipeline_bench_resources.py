@@ -195,3 +195,38 @@ def test_the_bench_says_when_a_slow_first_epoch_is_a_short_one():
     assert "(--text-samples)" in notes(100, 64, suite="text")[0]
     assert notes(640, 64) == []  # ten batches: not short
     assert notes(128, None) == []  # no batch size: nothing said
+
+
+def test_a_baseline_timed_again_after_the_others_brackets_them():
+    from torchfeed._pipeline_bench.report import baseline_runs, with_speedup
+    from torchfeed._pipeline_bench.runner import PipelineResult, rerun_baseline
+
+    def result(name, epochs, cpu, peak, first=9.0):
+        r = PipelineResult(name, "workers=2", samples_per_epoch=100, epoch_seconds=list(epochs))
+        r.first_epoch_seconds, r.cpu_seconds, r.peak_memory_bytes = first, cpu, peak
+        return r
+
+    base = result("images: base", [1.0, 1.0, 1.1], 6.0, 500)
+    ours = result("images: ours", [0.5, 0.5, 0.5], 2.0, 900)
+    other_config = result("images: base", [2.0, 2.0, 2.0], 8.0, 100)
+    other_config.config = "workers=0"
+    results = [base, ours, other_config]
+    rerun_baseline(results, result("images: base", [1.5, 1.5, 1.6], 9.0, 700, first=3.0))
+    # the first run's result holds both runs: its median and spread cover both, its start-up is
+    # the first run's, its CPU is both runs' over both runs' samples, its peak the higher one
+    assert base.epoch_seconds == [1.0, 1.0, 1.1, 1.5, 1.5, 1.6]
+    assert base.median_epoch_seconds == pytest.approx(1.3) and base.first_epoch_seconds == 9.0
+    assert base.cpu_ms_per_sample == pytest.approx(1e3 * 15.0 / 600)
+    assert base.peak_memory_bytes == 700
+    assert base.extra["baseline_runs_per_s"] == [pytest.approx(100 / 1.0), pytest.approx(100 / 1.5)]
+    assert other_config.epoch_seconds == [2.0, 2.0, 2.0] and not other_config.extra
+    rows = with_speedup(results, "images: base")
+    assert rows[1]["speedup"] == pytest.approx(1.3 / 0.5)
+    assert rows[0]["epoch_range"] == "1.00-1.60"
+    assert baseline_runs(rows) == [
+        "baseline (images, workers=2): 100.00 samples/s timed first, 66.67 timed again after "
+        "the others (-33%); its row is both runs' epochs"
+    ]
+    # the CPU of a run the meter could not read is not guessed
+    rerun_baseline(results, result("images: base", [1.0], None, None))
+    assert base.cpu_seconds is None and base.peak_memory_bytes == 700

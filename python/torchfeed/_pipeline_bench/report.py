@@ -16,6 +16,7 @@ from torchfeed._extension import build_info, physical_memory
 from torchfeed.memory._budget import Budget, cgroup_memory_limit
 
 __all__ = [
+    "baseline_runs",
     "format_machine",
     "format_table",
     "machine_info",
@@ -113,6 +114,23 @@ def with_speedup(results, baseline: str) -> list[dict[str, Any]]:
         row["speedup"] = r.samples_per_second / base.samples_per_second
         rows.append(row)
     return rows
+
+
+def baseline_runs(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per baseline timed twice (runner.rerun_baseline): each run's samples/s, and how far
+    apart they are, the drift of the machine over the run that every ratio shares."""
+    lines = []
+    for row in rows:
+        runs = row.get("baseline_runs_per_s")
+        if not runs:
+            continue
+        before, after = runs
+        lines.append(
+            f"baseline ({row['pipeline'].split(':')[0]}, {row['config']}): {before:,.2f} samples/s "
+            f"timed first, {after:,.2f} timed again after the others "
+            f"({100 * (after / before - 1):+.0f}%); its row is both runs' epochs"
+        )
+    return lines
 
 
 FIRST_EPOCH_BOUND = 1.5  # a first epoch slower than this times a later one is pointed out
@@ -263,11 +281,12 @@ def print_report(
     print(
         f"speedup: samples/s over the baseline of its suite with the same config (images: "
         f"'{baselines.get('images', '-')}'; text: '{baselines.get('text', '-')}'); "
-        f"median of {epochs} epoch(s) after a start-up epoch; batch size {batch_size}; "
+        f"median of {epochs} epoch(s) after a start-up epoch (a baseline: timed before and "
+        f"again after the others, the median of both runs' epochs); batch size {batch_size}; "
         f"device {device}; CPU ms/sample: every process (workers too) over the timed epochs; "
         "peak MB: the most the process tree held (PSS) above what it held before the pipeline"
     )
-    for line in pick(rows, baselines, batch_size):
+    for line in baseline_runs(rows) + pick(rows, baselines, batch_size):
         print(line)
     if "images" in suites:
         print()

@@ -12,7 +12,7 @@ from typing import Any
 
 from torchfeed._pipeline_bench import resources
 
-__all__ = ["PipelineResult", "run_epochs"]
+__all__ = ["PipelineResult", "rerun_baseline", "run_epochs"]
 
 
 @dataclass
@@ -119,3 +119,24 @@ def run_epochs(
     del iterable
     gc.collect()  # persistent workers of this pipeline go now, not during the next one
     return result
+
+
+def rerun_baseline(results: list[PipelineResult], again: PipelineResult) -> None:
+    """Folds a second run of a baseline, timed after the other pipelines of its config, into its
+    first run's result (the one in ``results`` with the same pipeline and config): every timed
+    epoch of both runs (so the median and the spread cover both), the first run's start-up
+    epoch, the CPU of both, the higher peak; ``extra["baseline_runs_per_s"]`` keeps each run's own
+    samples/s. On a shared machine the conditions drift over a run of minutes (here a baseline
+    took 3.45 s an epoch in one run and 4.18 s in the next, where the best pipeline took
+    1.51 s and 1.42 s): timed once, first, the baseline meets only the start of the run, and every
+    ratio inherits wherever that fell; timed before and after, it brackets the others."""
+    first = next(r for r in results if (r.pipeline, r.config) == (again.pipeline, again.config))
+    runs = [first.samples_per_second, again.samples_per_second]
+    first.epoch_seconds += again.epoch_seconds
+    if first.cpu_seconds is None or again.cpu_seconds is None:
+        first.cpu_seconds = None
+    else:
+        first.cpu_seconds += again.cpu_seconds
+    peaks = [p for p in (first.peak_memory_bytes, again.peak_memory_bytes) if p is not None]
+    first.peak_memory_bytes = max(peaks) if peaks else None
+    first.extra["baseline_runs_per_s"] = runs

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-from torchfeed._pipeline_bench.runner import PipelineResult, run_epochs
+from torchfeed._pipeline_bench.runner import PipelineResult, rerun_baseline, run_epochs
 from torchfeed.collate import PadCollate
 from torchfeed.loaders import loader
 from torchfeed.ragged import RaggedBatch
@@ -123,16 +123,19 @@ def run(
         pipelines = dict(PIPELINES)
         if num_workers > 0:
             pipelines[ZERO_COPY] = None  # made below, with its ring
-        for name, collate in pipelines.items():
+        config = f"workers={num_workers}"
+
+        def timed(name: str, pipelines=pipelines, num_workers=num_workers, config=config):
+            collate = pipelines[name]
             counts = {"real": 0, "padded": 0}
 
-            def consume(batch, counts=counts):
+            def consume(batch):
                 real, padded = _tokens(batch)
                 counts["real"] += real
                 counts["padded"] += padded
                 return batch["label"].shape[0]
 
-            def make_loader(collate=collate, num_workers=num_workers, name=name):
+            def make_loader():
                 if name == ZERO_COPY:
                     return loader(
                         dataset,
@@ -154,7 +157,7 @@ def run(
 
             result = run_epochs(
                 name,
-                f"workers={num_workers}",
+                config,
                 make_loader,
                 consume,
                 epochs,
@@ -162,5 +165,9 @@ def run(
                 show_progress,
             )
             result.extra["tokens_kept_pct"] = 100.0 * counts["real"] / max(counts["padded"], 1)
-            results.append(result)
+            return result
+
+        results += [timed(name) for name in pipelines]
+        if len(pipelines) > 1:  # and once more after the others (rerun_baseline)
+            rerun_baseline(results, timed(BASELINE))
     return results
