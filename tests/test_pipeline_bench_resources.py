@@ -106,6 +106,22 @@ def test_the_bench_measures_the_same_files_whatever_the_cache_holds(tmp_path, mo
         dataset.builtin_files(fresh, 12, classes=5)
 
 
+def test_the_bench_samples_a_users_folder_across_its_classes(tmp_path):
+    for name in ("apples", "pears", "plums"):
+        (tmp_path / name).mkdir()
+        for i in range(6):
+            (tmp_path / name / f"{i}.jpg").write_bytes(b"")  # listed, never read here
+    everything, _ = dataset.list_image_folder(tmp_path)
+    files, labels = dataset.sample_image_folder(tmp_path, 5)
+    assert len(files) == 5 and set(files) < set(everything)
+    assert len(set(labels)) >= 2  # the first 5 by name would be all apples
+    assert all(labels[k] == everything.index(f) // 6 for k, f in enumerate(files))
+    assert dataset.sample_image_folder(tmp_path, 5) == (files, labels)  # the same every run
+    whole, _ = dataset.sample_image_folder(tmp_path)
+    assert whole[:5] == files and sorted(whole) == everything
+    assert whole != everything  # shuffled, as a training loader's sampler would
+
+
 def test_the_bench_says_which_pipeline_to_pick():
     from torchfeed._pipeline_bench.report import pick
 

@@ -84,8 +84,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--images",
         type=_positive("--images"),
         default=None,
-        help="images in the built-in dataset, or the first N of --data (default: 2000; --large: "
-        "128)",
+        help="images in the built-in dataset, or N of --data's, drawn in a fixed shuffled order "
+        "(the same every run) (default: 2000; --large: 128)",
     )
     bench.add_argument(
         "--large",
@@ -243,7 +243,7 @@ def _cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     if "images" in args.suite:
         if args.data is not None:
             try:
-                files, labels = dataset.list_image_folder(args.data, n_images)
+                files, labels = dataset.sample_image_folder(args.data, n_images)
             except FileNotFoundError as e:
                 parser.error(str(e))
         else:

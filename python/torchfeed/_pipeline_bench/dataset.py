@@ -21,6 +21,7 @@ __all__ = [
     "ensure_large_dataset",
     "list_image_folder",
     "photo_encoding",
+    "sample_image_folder",
     "synthetic_image",
     "synthetic_photo",
 ]
@@ -136,6 +137,21 @@ def list_image_folder(root: Path, limit: int | None = None) -> tuple[list[Path],
     classes = sorted({p.parent.name for p in files})
     index = {c: i for i, c in enumerate(classes)}
     return files, [index[p.parent.name] for p in files]
+
+
+def sample_image_folder(
+    root: Path, count: int | None = None, seed: int = 0
+) -> tuple[list[Path], list[int]]:
+    """The image files of ``root`` (as :func:`list_image_folder` finds them, with its classes) in
+    a fixed shuffled order, the order a training loader that shuffles would give; with
+    ``count``, the first ``count`` of that order. So a bench on a user's folder measures a sample
+    spread over every class, in batches that mix them, and the same files in the same order in
+    every run and every pipeline: the first files by name are one or two classes, whose images
+    may all be alike (one camera, one size), and a batch of them lands on one worker."""
+    files, labels = list_image_folder(root)
+    order = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed)).tolist()
+    order = order[:count] if count is not None else order
+    return [files[i] for i in order], [labels[i] for i in order]
 
 
 # The large variant: photo-sized files, 2-12 megapixels in the aspect ratios cameras and phones
