@@ -5,7 +5,7 @@ the same boxes (RandomResizedCrop's default scale, (0.08, 1): the crop covers ab
 image on average). Both give the same pixels (tests/test_decode.py).
 
 Two sets: 64 of the bench dataset's images (300-600 px a side, quality 90), and 12 photo-sized
-ones (the bench's large variant: 2-12 MP, some progressive; or your own folder,
+ones (the bench's large variant: 2-12 MP, some progressive; or 12 files drawn from your own folder,
 TORCHFEED_BENCH_PHOTOS=DIR). On each, torchfeed also decodes the window at the largest DCT scale
 still giving 224 pixels each way (``DecodeRandomCrop(size=224)``: other pixels, see README), and
 the floor is libjpeg-turbo decoding the whole file at 1/8 scale (Pillow's draft mode), about
@@ -31,6 +31,7 @@ from torchfeed._pil import decode_rgb, encode_jpeg
 from torchfeed._pipeline_bench.dataset import (
     list_image_folder,
     photo_encoding,
+    sample_image_folder,
     synthetic_image,
     synthetic_photo,
 )
@@ -45,7 +46,7 @@ def _files(name: str) -> list[bytes]:
         return [encode_jpeg(synthetic_image(i), quality=90) for i in range(64)]
     folder = os.environ.get("TORCHFEED_BENCH_PHOTOS")
     if folder:
-        return [p.read_bytes() for p in list_image_folder(Path(folder), limit=12)[0]]
+        return [p.read_bytes() for p in sample_image_folder(Path(folder), 12)[0]]
     return [encode_jpeg(synthetic_photo(i), **photo_encoding(i)) for i in range(12)]
 
 
