@@ -16,7 +16,7 @@ import PIL.Image
 import torch
 from torch import Tensor
 
-__all__ = ["CHANNELS", "decode_rgb", "encode_jpeg", "pixels", "read_bytes"]
+__all__ = ["CHANNELS", "as_op_image", "decode_rgb", "encode_jpeg", "pixels", "read_bytes"]
 
 # PIL modes whose pixels are 8-bit channels, as torchvision's pil_to_tensor reads them ("P" and
 # "1" give one channel: palette indices, 0/1), with the channel count.
@@ -40,6 +40,27 @@ def pixels(image: PIL.Image.Image) -> Tensor:
         warnings.simplefilter("ignore", UserWarning)
         flat = torch.frombuffer(data, dtype=torch.uint8)
     return flat.view(height, width, channels)
+
+
+def as_op_image(image: Any, hwc: bool) -> Tensor:
+    """An image as the op reads it, without copying where it can: a tensor as it is (a
+    ``tv_tensors.Image`` as a plain tensor), a numpy array wrapped, a PIL image's pixels (one copy,
+    Pillow's ``tobytes``) viewed ``[C, H, W]`` (``[H, W, C]`` when ``hwc``)."""
+    if isinstance(image, Tensor):
+        return image if type(image) is Tensor else image.as_subclass(Tensor)
+    if isinstance(image, np.ndarray):
+        if not image.flags.writeable:  # torch cannot wrap a read-only array
+            image = image.copy()
+        hwc_view = torch.from_numpy(image)
+        return hwc_view if hwc else hwc_view.permute(2, 0, 1)
+    if isinstance(image, PIL.Image.Image):
+        hwc_view = pixels(image)
+        return hwc_view if hwc else hwc_view.permute(2, 0, 1)
+    raise TypeError(
+        "images must be PIL images, uint8 tensors ([C, H, W], or [H, W, C] with "
+        "image_layout='HWC'; [B, C, H, W] for a batch), numpy arrays [H, W, C] or RaggedImages, "
+        f"got {type(image).__name__}"
+    )
 
 
 def open_encoded(data: Tensor) -> PIL.Image.Image:

@@ -54,7 +54,7 @@ def test_image_collate_tuples_and_bare():
     out = ImageCollate(0)([(ims[0], 1), (ims[1], 2)])
     assert isinstance(out[0], RaggedImages) and out[1].tolist() == [1, 2]
     assert isinstance(ImageCollate()(ims), RaggedImages)
-    with pytest.raises(KeyError, match="no field 'img'"):
+    with pytest.raises(KeyError, match=r"keys \['image'\], and image_key='img' is not one"):
         ImageCollate("img")([{"image": ims[0]}])
     with pytest.raises(ValueError, match="batch is empty"):
         ImageCollate()([])
@@ -74,7 +74,53 @@ def test_image_collate_namedtuples_by_position_or_name(workers):
             assert batch.label.tolist() == [3 * b, 3 * b + 1, 3 * b + 2]
             for j, label in enumerate(batch.label.tolist()):
                 assert torch.equal(batch.image[j], ims[label])
-    with pytest.raises(KeyError, match="no position 'img'"):
+    fields = r"Samples of 2 fields, and image_key={} is none of them: image_key must be a "
+    fields += r"position, 0 to 1, or a field name of \('label', 'image'\)"
+    with pytest.raises(KeyError, match=fields.format("'img'")):
         ImageCollate("img")(data)
-    with pytest.raises(KeyError, match="no position 2"):
+    with pytest.raises(KeyError, match=fields.format("2")):
         ImageCollate(2)(data)
+    with pytest.raises(KeyError, match="tuples of 2 fields, and image_key='image' is none"):
+        ImageCollate("image")([(im, 0) for im in ims])
+
+
+def test_a_dict_sample_with_the_default_key_is_told_which_key_holds_the_image():
+    # the Hugging Face habit: dict samples, the image under a name; ImageCollate() reads field 0
+    sample = {"pixel_values": images([(4, 5)])[0], "labels": 3}
+    with pytest.raises(KeyError) as e:
+        ImageCollate()([sample])
+    assert e.value.args[0] == (
+        "ImageCollate: samples are dicts with the keys ['pixel_values', 'labels'], and "
+        "image_key=0 is not one of them; the image is under 'pixel_values': pass "
+        "image_key='pixel_values'"
+    )
+    with pytest.raises(KeyError) as e:
+        ImageCollate()([{"ids": torch.zeros(4), "labels": 3}])
+    assert e.value.args[0].endswith("is not one of them")  # no image to point at
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
+def test_pil_images_and_numpy_arrays_are_packed_as_a_transform_takes_them(workers, layout):
+    # datasets that yield PIL images (an ImageFolder's default loader, Hugging Face's image
+    # column) or numpy arrays [H, W, C]: the pixels torchvision's pil_to_tensor gives
+    PIL = pytest.importorskip("PIL.Image")
+    from torchvision.transforms.v2.functional import pil_to_tensor
+
+    chw = images([(5, 7), (3, 2), (1, 1), (6, 4)], seed=3)
+    data = []
+    for i, im in enumerate(chw):
+        hwc = im.permute(1, 2, 0).numpy()
+        data.append({"image": PIL.fromarray(hwc) if i % 2 else hwc.copy(), "label": i})
+    data.append({"image": PIL.fromarray(chw[0][0].numpy(), mode="L"), "label": 4})  # grey
+    loader = DataLoader(
+        data[:4], batch_size=4, num_workers=workers, collate_fn=ImageCollate("image", layout)
+    )
+    (batch,) = list(loader)
+    assert isinstance(batch["image"], RaggedImages) and batch["label"].tolist() == [0, 1, 2, 3]
+    for j, im in enumerate(chw):
+        assert torch.equal(batch["image"][j], im)
+    grey = ImageCollate("image", layout)([data[4]])["image"]
+    assert torch.equal(grey[0], pil_to_tensor(data[4]["image"]))
+    with pytest.raises(TypeError, match="mode 'I;16' has no 8-bit channels"):
+        ImageCollate("image")([{"image": PIL.new("I;16", (3, 3)), "label": 0}])

@@ -246,6 +246,31 @@ def test_bad_inputs():
         RandomResizedCropFlipNormalize(224, mean=[0.5, 0.5], std=[0.5])(photo(10, 10))
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_image_in_hwc_order_is_told_how_to_say_so(batched):
+    # the numpy / PIL / Hugging Face datasets habit: a [H, W, 3] tensor, taken as [C, H, W]
+    hwc = torch.randint(0, 256, (48, 64, 3), dtype=torch.uint8)
+    t = RandomResizedCropFlipNormalize(16, mean=MEAN, std=STD)
+    with pytest.raises(ValueError) as e:
+        t([hwc, hwc] if batched else hwc)
+    assert str(e.value) == (
+        "mean must have 1 or 48 values (one per channel), got 3: the images were taken as "
+        "[C, H, W] (image_layout='CHW'), so 48 channels. An image in [H, W, C] order (numpy, "
+        "PIL, Hugging Face datasets) takes image_layout='HWC', or image.permute(2, 0, 1)"
+    )
+    # which is what it says: the same output as the [C, H, W] image
+    hwc_t = RandomResizedCropFlipNormalize(
+        16, mean=MEAN, std=STD, image_layout="HWC", generator=torch.Generator().manual_seed(0)
+    )
+    chw_t = RandomResizedCropFlipNormalize(
+        16, mean=MEAN, std=STD, generator=torch.Generator().manual_seed(0)
+    )
+    assert torch.equal(hwc_t(hwc), chw_t(hwc.permute(2, 0, 1)))
+    # four channels or fewer, as [C, H, W], keep the plain message
+    with pytest.raises(ValueError, match=r"got 3\Z"):
+        t(torch.zeros(4, 8, 8, dtype=torch.uint8))
+
+
 def test_the_top_level_names_the_transforms():
     assert torchfeed.RandomResizedCropFlipNormalize is RandomResizedCropFlipNormalize
     assert torchfeed.transforms.ResizeCenterCropNormalize is ResizeCenterCropNormalize

@@ -6,11 +6,14 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+import numpy as np
+import PIL.Image
 import torch
 from torch import Tensor
 from torch.utils.data import default_collate
 
 from torchfeed._packing import Layout, check_layout, image_shapes, storage_views
+from torchfeed._pil import as_op_image
 from torchfeed._tree import Lazy, concat
 from torchfeed.collate._fields import leave_worker, private_collate
 from torchfeed.images import RaggedImages
@@ -38,11 +41,36 @@ class BatchTransform(Protocol):
     def apply(self, images: Any, out: Tensor | None = None) -> tuple[Tensor, Any, Any]: ...
 
 
+def _as_tensor(image: Any, hwc: bool) -> Any:
+    """A PIL image's pixels or a numpy array as a tensor in the collate's layout (anything else
+    as it is, for the packing's own checks)."""
+    return as_op_image(image, hwc) if isinstance(image, PIL.Image.Image | np.ndarray) else image
+
+
+def _no_image_field(sample: Mapping, key: Any) -> str:
+    """What ImageCollate says when a dict sample has no ``image_key``: its keys, and the ones
+    holding an image (a 3-D tensor or a PIL image) to name instead (ImageCollate's default, 0,
+    is a tuple's first field: a dict sample needs its key named)."""
+    images = [
+        k
+        for k, v in sample.items()
+        if (isinstance(v, Tensor) and v.dim() == 3) or isinstance(v, PIL.Image.Image)
+    ]
+    hint = f"; the image is under {images[0]!r}: pass image_key={images[0]!r}" if images else ""
+    return (
+        f"ImageCollate: samples are dicts with the keys {list(sample)}, and image_key={key!r} is "
+        f"not one of them{hint}"
+    )
+
+
 class ImageCollate:
     """A ``collate_fn`` for samples holding one image of any size: the image field becomes a
     :class:`RaggedImages` (one buffer, in shared memory inside a worker), every other field goes
     through ``default_collate``. Samples are dicts (``image_key`` a key), tuples or lists (a
-    position), namedtuples (a position or a field name) or bare images.
+    position), namedtuples (a position or a field name) or bare images. Images are uint8
+    tensors (``[C, H, W]``, or ``[H, W, C]`` with ``layout="HWC"``), PIL images or numpy arrays
+    ``[H, W, C]``, as a v2 transform takes them (an ``ImageFolder``'s default loader and a
+    Hugging Face image column give PIL images).
 
     In an ordinary DataLoader's workers, ``recycle=True`` (the default) packs the batch (the
     images, or the transform's output, with the other fields beside them) into shared memory
@@ -113,12 +141,19 @@ class ImageCollate:
         else:
             pack_images = _lazy_images if lazy else self._packed
         other = private_collate if lazy else default_collate
+        if self.transform is None:
+            # PIL images and numpy arrays ([H, W, C]) as tensors, as a transform takes them
+            pack_tensors, hwc = pack_images, self.layout == "HWC"
+
+            def pack_images(images: Sequence[Any], layout: Layout) -> Any:
+                return pack_tensors([_as_tensor(im, hwc) for im in images], layout)
+
         first = batch[0]
-        if isinstance(first, Tensor):
+        if isinstance(first, Tensor | np.ndarray | PIL.Image.Image):
             out: Any = pack_images(batch, self.layout)
         elif isinstance(first, Mapping):
             if self.image_key not in first:
-                raise KeyError(f"ImageCollate: samples have no field {self.image_key!r}")
+                raise KeyError(_no_image_field(first, self.image_key))
             out = {
                 k: pack_images([s[k] for s in batch], self.layout)
                 if k == self.image_key
@@ -131,7 +166,11 @@ class ImageCollate:
             if isinstance(key, str) and isinstance(named, tuple) and key in named:
                 key = named.index(key)
             if not isinstance(key, int) or not 0 <= key < len(first):
-                raise KeyError(f"ImageCollate: samples have no position {key!r}")
+                raise KeyError(
+                    f"ImageCollate: samples are {type(first).__name__}s of {len(first)} fields, "
+                    f"and image_key={key!r} is none of them: image_key must be a position, 0 to "
+                    f"{len(first) - 1}" + (f", or a field name of {named}" if named else "")
+                )
             fields = [
                 pack_images([s[j] for s in batch], self.layout)
                 if j == key

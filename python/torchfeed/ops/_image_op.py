@@ -343,7 +343,17 @@ def run(
     ``[B]`` bool, on the host), into ``out`` (checked here) or a new (or ``buffer``'s reused)
     output."""
     channels = batch.channels or len(cast(tuple, options.mean))  # validated: a tuple
-    mean, std = options.per_channel(channels)
+    try:
+        mean, std = options.per_channel(channels)
+    except ValueError as e:
+        if batch.hwc or channels <= 4:
+            raise
+        # a [H, W, 3] image taken as [C, H, W]: numpy's, PIL's and Hugging Face datasets' order
+        raise ValueError(
+            f"{e}: the images were taken as [C, H, W] (image_layout='CHW'), so {channels} "
+            "channels. An image in [H, W, C] order (numpy, PIL, Hugging Face datasets) takes "
+            "image_layout='HWC', or image.permute(2, 0, 1)"
+        ) from None
     shape = (len(batch), channels, *out_size)
     device = batch.device
     if out is None:

@@ -22,16 +22,11 @@ from torchfeed._options import check_bool, check_generator
 from torchfeed._output_buffer import OutputBuffer
 from torchfeed._packing import Layout
 from torchfeed._pil import CHANNELS as PIL_CHANNELS
+from torchfeed._pil import as_op_image
 from torchfeed.decode import _as_encoded, _reduction, _Source
 from torchfeed.images import RaggedImages
 from torchfeed.ops._image_op import ImageOptions, OpImages, output_box, run
-from torchfeed.transforms._inputs import (
-    TARGETS,
-    as_op_image,
-    is_encoded,
-    is_image,
-    split_batch,
-)
+from torchfeed.transforms._inputs import TARGETS, is_encoded, is_image, split_batch
 from torchfeed.transforms._plan import NotExact, Plan
 
 __all__ = ["FusedTransform"]

@@ -16,10 +16,9 @@ import torch
 from torch import Tensor
 from torchvision import tv_tensors
 
-from torchfeed._pil import pixels
 from torchfeed.images import RaggedImages
 
-__all__ = ["TARGETS", "as_op_image", "is_batch", "is_encoded", "is_image", "split_batch"]
+__all__ = ["TARGETS", "is_batch", "is_encoded", "is_image", "split_batch"]
 
 # The tv_tensors that follow their image's geometry (KeyPoints: torchvision 0.23 and later).
 TARGETS: tuple[type, ...] = tuple(
@@ -78,24 +77,3 @@ def split_batch(sample: Any) -> tuple[Any, Sequence[Any] | None] | None:
     ):
         return sample[0], sample[1]
     return None
-
-
-def as_op_image(image: Any, hwc: bool) -> Tensor:
-    """An image as the op reads it, without copying where it can: a tensor as it is (a
-    ``tv_tensors.Image`` as a plain tensor), a numpy array wrapped, a PIL image's pixels (one copy,
-    Pillow's ``tobytes``) viewed ``[C, H, W]`` (``[H, W, C]`` when ``hwc``)."""
-    if isinstance(image, Tensor):
-        return image if type(image) is Tensor else image.as_subclass(Tensor)
-    if isinstance(image, np.ndarray):
-        if not image.flags.writeable:  # torch cannot wrap a read-only array
-            image = image.copy()
-        hwc_view = torch.from_numpy(image)
-        return hwc_view if hwc else hwc_view.permute(2, 0, 1)
-    if isinstance(image, PIL.Image.Image):
-        hwc_view = pixels(image)
-        return hwc_view if hwc else hwc_view.permute(2, 0, 1)
-    raise TypeError(
-        "images must be PIL images, uint8 tensors ([C, H, W], or [H, W, C] with "
-        "image_layout='HWC'; [B, C, H, W] for a batch), numpy arrays [H, W, C] or RaggedImages, "
-        f"got {type(image).__name__}"
-    )
