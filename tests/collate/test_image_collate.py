@@ -124,3 +124,21 @@ def test_pil_images_and_numpy_arrays_are_packed_as_a_transform_takes_them(worker
     assert torch.equal(grey[0], pil_to_tensor(data[4]["image"]))
     with pytest.raises(TypeError, match="mode 'I;16' has no 8-bit channels"):
         ImageCollate("image")([{"image": PIL.new("I;16", (3, 3)), "label": 0}])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pil_samples_through_a_collate_transform_in_workers(workers):
+    # ImageFolder's PIL images, the batch transform run by the collate (in the workers: where
+    # it writes into the batch's shared memory)
+    PIL = pytest.importorskip("PIL.Image")
+    from torchfeed.transforms import ResizeCenterCropNormalize
+
+    chw = images([(9, 12), (16, 10), (7, 7)], seed=5)
+    data = [(PIL.fromarray(im.permute(1, 2, 0).numpy()), i) for i, im in enumerate(chw)]
+    t = ResizeCenterCropNormalize(6, 5, mean=0.5, std=0.25)
+    loader = DataLoader(
+        data, batch_size=3, num_workers=workers, collate_fn=ImageCollate(0, transform=t)
+    )
+    ((out, labels),) = list(loader)
+    assert labels.tolist() == [0, 1, 2]
+    assert torch.equal(out, t(chw))

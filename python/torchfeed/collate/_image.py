@@ -141,12 +141,11 @@ class ImageCollate:
         else:
             pack_images = _lazy_images if lazy else self._packed
         other = private_collate if lazy else default_collate
-        if self.transform is None:
-            # PIL images and numpy arrays ([H, W, C]) as tensors, as a transform takes them
-            pack_tensors, hwc = pack_images, self.layout == "HWC"
+        # PIL images and numpy arrays ([H, W, C]) as tensors, as a transform takes them
+        pack_tensors, hwc = pack_images, self.layout == "HWC"
 
-            def pack_images(images: Sequence[Any], layout: Layout) -> Any:
-                return pack_tensors([_as_tensor(im, hwc) for im in images], layout)
+        def pack_images(images: Sequence[Any], layout: Layout) -> Any:
+            return pack_tensors([_as_tensor(im, hwc) for im in images], layout)
 
         first = batch[0]
         if isinstance(first, Tensor | np.ndarray | PIL.Image.Image):
