@@ -137,14 +137,14 @@ class ImageCollate:
         """The batch, with ``lazy``: its images (or the transform's output) as buffers written
         once their memory is known (a ring's region) and the other fields in private memory."""
         if self.transform is not None:
-            pack_images = self._lazy_transformed if lazy else self._transformed
+            pack_tensors = self._lazy_transformed if lazy else self._transformed
         else:
-            pack_images = _lazy_images if lazy else self._packed
+            pack_tensors = _lazy_images if lazy else self._packed
         other = private_collate if lazy else default_collate
-        # PIL images and numpy arrays ([H, W, C]) as tensors, as a transform takes them
-        pack_tensors, hwc = pack_images, self.layout == "HWC"
+        hwc = self.layout == "HWC"
 
         def pack_images(images: Sequence[Any], layout: Layout) -> Any:
+            # PIL images and numpy arrays ([H, W, C]) as tensors, as a transform takes them
             return pack_tensors([_as_tensor(im, hwc) for im in images], layout)
 
         first = batch[0]
