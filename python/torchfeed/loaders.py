@@ -28,6 +28,7 @@ from torch.utils.data import Dataset, IterableDataset
 from torchfeed._extension import gpu_kernels_usable
 from torchfeed._resumable import ResumableLoader
 from torchfeed._tree import tensors_of
+from torchfeed.collate._fields import RingDefaultCollate
 from torchfeed.memory._budget import memory_budget
 from torchfeed.memory._ring_base import check_timeout
 from torchfeed.memory._shared_ring import RingHandle, SharedRing
@@ -45,7 +46,8 @@ class ZeroCopyLoader(ResumableLoader):
 
     ``collate_fn`` must be ring-aware: :class:`~torchfeed.PadCollate`,
     :class:`~torchfeed.ImageCollate`, or any callable with ``with_shared_ring(ring)`` returning
-    a copy of itself that returns ``ring.pack(batch)`` inside workers. The batches you get are
+    a copy of itself that returns ``ring.pack(batch)`` inside workers; without one, the batches
+    are ``default_collate``'s, as a DataLoader's, written into the ring. The batches you get are
     identical to the ordinary path's, their large tensors viewing the ring (tensors of at most
     64 KiB, the labels, arrive as copies of their own: one kept past its batch holds no ring
     memory); with ``num_workers=0`` there is nothing to share and it is an ordinary
@@ -72,11 +74,13 @@ class ZeroCopyLoader(ResumableLoader):
         self,
         dataset,
         *,
-        collate_fn: Callable,
+        collate_fn: Callable | None = None,
         ring_capacity: int | None = None,
         ring_timeout: float | None = 30.0,
         **kwargs: Any,
     ) -> None:
+        if collate_fn is None:
+            collate_fn = RingDefaultCollate()
         if not hasattr(collate_fn, "with_shared_ring"):
             raise TypeError(
                 "zero_copy needs a ring-aware collate_fn (torchfeed.PadCollate, "

@@ -9,6 +9,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -100,6 +101,49 @@ def test_text_batches_identical_over_epochs_with_persistent_workers(packed, cont
     stats = ring.stats()
     assert stats["bytes_in_use"] == 0 and stats["regions_in_consumer"] == 0
     assert stats["regions_in_workers"] == 0 and stats["allocations"] == 15
+
+
+class Nested(Dataset):
+    """What a DataLoader user's dataset returns, collated by default_collate: dicts of tensors,
+    numbers, strings, numpy arrays, nested dicts and tuples."""
+
+    def __len__(self):
+        return 23
+
+    def __getitem__(self, i):
+        return {
+            "pixel_values": torch.full((3, 8, 8), float(i)),
+            "labels": i,
+            "weight": i / 4,
+            "name": f"s{i}",
+            "extra": {"box": np.arange(4, dtype=np.float32) + i, "pair": (i, torch.ones(2) * i)},
+        }
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_without_a_collate_fn_the_batches_are_default_collates(context):
+    # a DataLoader user's habit: no collate_fn. The batches are default_collate's, from the ring
+    kw = dict(batch_size=5, num_workers=2, multiprocessing_context=context)
+    ours, dl = batches(Nested(), None, True, epochs=2, **kw)
+    plain, _ = batches(Nested(), None, False, epochs=2, **kw)
+    assert same(ours, plain) and len(ours[0]) == 5
+    assert ours[0][0]["name"] == ["s0", "s1", "s2", "s3", "s4"]
+    assert dl.shared_ring.contains(ours[0][0]["pixel_values"])  # really from the ring
+    assert dl.shared_ring.stats()["allocations"] == 10
+    assert "RingDefaultCollate()" in repr(dl.collate_fn)
+
+
+def test_private_collate_is_default_collate_in_private_memory():
+    from torch.utils.data import default_collate
+
+    from torchfeed.collate._fields import private_collate
+
+    samples = [Nested()[i] for i in range(3)]
+    assert same(private_collate(samples), default_collate(samples))
+    assert same(
+        private_collate([(1, 2.5, True), (3, 4.5, False)]),
+        default_collate([(1, 2.5, True), (3, 4.5, False)]),
+    )
 
 
 def test_regions_are_released_and_reused():

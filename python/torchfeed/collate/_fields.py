@@ -11,12 +11,14 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
 from torchfeed.memory import SharedRing, _recycled
 
 __all__ = [
     "LABEL_FIELDS",
     "LABEL_PAD",
+    "RingDefaultCollate",
     "as_sequences",
     "collate_field",
     "field_kind",
@@ -110,15 +112,40 @@ def _check_kind(key: Hashable, values: Sequence[Any]) -> str:
     return kind
 
 
+def _stack(batch: list[Tensor], *, collate_fn_map: Any = None) -> Tensor:
+    return torch.stack(batch, 0)
+
+
+# default_collate's rules, with tensors stacked in private memory at every depth
+_PRIVATE_COLLATE = {**default_collate_fn_map, Tensor: _stack}
+
+
 def private_collate(values: list) -> Any:
     """default_collate in private memory (default_collate allocates shared memory inside a
-    worker, which a zero-copy batch replaces with the ring)."""
-    first = values[0]
-    if isinstance(first, Tensor):
-        return torch.stack(values)
-    if isinstance(first, bool | int | float) and all(type(v) is type(first) for v in values):
-        return torch.tensor(values, dtype=torch.float64 if isinstance(first, float) else None)
-    return default_collate(values)
+    worker, which a zero-copy or recycled batch replaces with its own): the same batch, nested
+    fields included."""
+    return collate(values, collate_fn_map=_PRIVATE_COLLATE)
+
+
+class RingDefaultCollate:
+    """``default_collate`` for a zero-copy loader given no ``collate_fn`` (as a DataLoader
+    defaults to it): the same batch, which inside a worker is written into ``shared_ring``
+    rather than into a fresh shared-memory file per tensor."""
+
+    def __init__(self, shared_ring: SharedRing | None = None) -> None:
+        self.shared_ring = shared_ring
+
+    def with_shared_ring(self, shared_ring: SharedRing | None) -> RingDefaultCollate:
+        return RingDefaultCollate(shared_ring)
+
+    def __call__(self, batch: list) -> Any:
+        return leave_worker(
+            lambda private: private_collate(batch) if private else default_collate(batch),
+            self.shared_ring,
+        )
+
+    def __repr__(self) -> str:
+        return "RingDefaultCollate()"
 
 
 def collate_field(key: Hashable, values: list, private: bool = False) -> Any:
