@@ -188,6 +188,28 @@ def test_a_worker_that_cannot_make_its_memory_warns_once_and_packs_as_usual(monk
     assert _recycled.lend(100) is None  # no second warning (filterwarnings=error would raise)
 
 
+def test_a_larger_batch_reuses_the_region_a_smaller_one_freed(monkeypatch):
+    # batches of photos differ in size, and regions are placed first fit: each region is as
+    # large as the largest batch yet, so the next batch fits the hole an earlier one left
+    # rather than going on into memory never written
+    monkeypatch.setattr(_recycled, "get_worker_info", lambda: object())  # as in a worker
+    for name in ("_worker_ring", "_worker_ring_pid", "_largest_lent"):
+        monkeypatch.setattr(_recycled, name, getattr(_recycled, name))
+    monkeypatch.setattr(_recycled, "_worker_ring_pid", -1)  # this process's own ring
+    first = _recycled.lend(50 << 12)
+    smaller = _recycled.lend(40 << 12)  # while the first is in flight: the next region
+    assert first is not None and smaller is not None
+    buf, lent = smaller
+    assert buf.numel() == 40 << 12 and lent.nbytes == 40 << 12
+    address = lent.address
+    del buf, lent, smaller  # never sent: its region goes back to the ring
+    larger = _recycled.lend(45 << 12)
+    assert larger is not None and larger[1].address == address  # in the freed region
+    assert larger[0].numel() == 45 << 12
+    stats = _recycled._worker_ring.stats()
+    assert stats["high_water"] == 2 * (50 << 12)
+
+
 class Odd(Dataset):
     """float32 images, and images with no pixels."""
 
