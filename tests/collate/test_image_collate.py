@@ -142,3 +142,40 @@ def test_pil_samples_through_a_collate_transform_in_workers(workers):
     ((out, labels),) = list(loader)
     assert labels.tolist() == [0, 1, 2]
     assert torch.equal(out, t(chw))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_fused_compose_is_the_collates_batch_transform(workers):
+    # the habit: the torchvision Compose one has, given to the collate; fused whole, it runs on
+    # the batch as it runs per sample
+    from torchvision.transforms import v2
+
+    import torchfeed
+
+    compose = v2.Compose(
+        [
+            v2.Resize(12, antialias=True),
+            v2.CenterCrop(10),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.5, 0.4, 0.3], [0.2, 0.25, 0.3]),
+        ]
+    )
+    fused = torchfeed.fuse(compose)
+    ims = images([(20, 30), (16, 16), (31, 13)], seed=7)
+    loader = DataLoader(
+        [(im, i) for i, im in enumerate(ims)],
+        batch_size=3,
+        num_workers=workers,
+        collate_fn=ImageCollate(0, transform=fused),
+    )
+    ((out, labels),) = list(loader)
+    assert labels.tolist() == [0, 1, 2] and out.shape == (3, 3, 10, 10)
+    for j, im in enumerate(ims):
+        assert torch.equal(out[j], fused(im))
+    with pytest.raises(TypeError, match="a torchvision Compose runs per sample: give it to"):
+        ImageCollate(0, transform=compose)
+    partly = torchfeed.fuse(v2.Compose([v2.ColorJitter(0.4), *compose.transforms]))
+    with pytest.raises(TypeError, match="of which torchfeed runs only the fused ones on a batch"):
+        ImageCollate(0, transform=partly)
+    with pytest.raises(TypeError, match=r"torchfeed.fuse of a Compose that fuses whole\), got"):
+        ImageCollate(0, transform=lambda x: x)

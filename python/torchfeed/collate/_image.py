@@ -47,6 +47,36 @@ def _as_tensor(image: Any, hwc: bool) -> Any:
     return as_op_image(image, hwc) if isinstance(image, PIL.Image.Image | np.ndarray) else image
 
 
+def _is_batch_transform(t: Any) -> bool:
+    return hasattr(t, "apply") and hasattr(t, "output_shape")
+
+
+def _batch_transform(transform: Any) -> BatchTransform:
+    """ImageCollate's ``transform``: a torchfeed batch transform, or ``torchfeed.fuse(compose)``
+    of a Compose that fused whole (one fused step, which runs on a batch as it does per sample).
+    Anything else is refused, saying where a per-sample Compose goes."""
+    if _is_batch_transform(transform):
+        return transform
+    steps = getattr(transform, "transforms", None)
+    if isinstance(steps, list) and len(steps) == 1 and _is_batch_transform(steps[0]):
+        return steps[0]
+    fused = isinstance(steps, list) and any(_is_batch_transform(t) for t in steps)
+    hint = (
+        f"; this fused Compose keeps {len(steps or [])} steps, of which torchfeed runs only the "
+        "fused ones on a batch: give the dataset the Compose (per sample), or the collate a "
+        "torchfeed transform with the steps it can fuse"
+        if fused
+        else "; a torchvision Compose runs per sample: give it to the dataset "
+        "(ImageFolder(transform=torchfeed.fuse(compose))), or the collate "
+        "torchfeed.fuse(compose) when every step fuses"
+    )
+    raise TypeError(
+        "transform must be a torchfeed batch transform (RandomResizedCropFlipNormalize, "
+        "ResizeRandomFlipNormalize, ResizeCenterCropNormalize, or torchfeed.fuse of a Compose "
+        f"that fuses whole), got {type(transform).__name__}" + ("" if steps is None else hint)
+    )
+
+
 def _no_image_field(sample: Mapping, key: Any) -> str:
     """What ImageCollate says when a dict sample has no ``image_key``: its keys, and the ones
     holding an image (a 3-D tensor or a PIL image) to name instead (ImageCollate's default, 0,
@@ -70,7 +100,8 @@ class ImageCollate:
     position), namedtuples (a position or a field name) or bare images. Images are uint8
     tensors (``[C, H, W]``, or ``[H, W, C]`` with ``layout="HWC"``), PIL images or numpy arrays
     ``[H, W, C]``, as a v2 transform takes them (an ``ImageFolder``'s default loader and a
-    Hugging Face image column give PIL images).
+    Hugging Face image column give PIL images). ``transform``, run on the batch: a torchfeed
+    batch transform, or ``torchfeed.fuse`` of a v2 Compose whose steps all fuse.
 
     In an ordinary DataLoader's workers, ``recycle=True`` (the default) packs the batch (the
     images, or the transform's output, with the other fields beside them) into shared memory
@@ -96,12 +127,7 @@ class ImageCollate:
         if not isinstance(recycle, bool):
             raise TypeError(f"recycle must be True or False, got {recycle!r}")
         if transform is not None:
-            if not hasattr(transform, "apply") or not hasattr(transform, "output_shape"):
-                raise TypeError(
-                    "transform must be a torchfeed batch transform "
-                    "(RandomResizedCropFlipNormalize, ResizeRandomFlipNormalize or "
-                    f"ResizeCenterCropNormalize), got {type(transform).__name__}"
-                )
+            transform = _batch_transform(transform)
             if transform.image_layout != layout:
                 raise ValueError(
                     f"transform.image_layout={transform.image_layout!r} but the collate's "
