@@ -16,7 +16,15 @@ import PIL.Image
 import torch
 from torch import Tensor
 
-__all__ = ["CHANNELS", "as_op_image", "decode_rgb", "encode_jpeg", "pixels", "read_bytes"]
+__all__ = [
+    "CHANNELS",
+    "OP_IMAGE_TYPES",
+    "as_op_image",
+    "decode_rgb",
+    "encode_jpeg",
+    "pixels",
+    "read_bytes",
+]
 
 # PIL modes whose pixels are 8-bit channels, as torchvision's pil_to_tensor reads them ("P" and
 # "1" give one channel: palette indices, 0/1), with the channel count.
@@ -40,6 +48,11 @@ def pixels(image: PIL.Image.Image) -> Tensor:
         warnings.simplefilter("ignore", UserWarning)
         flat = torch.frombuffer(data, dtype=torch.uint8)
     return flat.view(height, width, channels)
+
+
+# What as_op_image takes: v2's rule for what a transform touches, plus numpy images (as ToImage
+# takes them)
+OP_IMAGE_TYPES = (Tensor, PIL.Image.Image, np.ndarray)
 
 
 def as_op_image(image: Any, hwc: bool) -> Tensor:

@@ -6,14 +6,13 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-import numpy as np
 import PIL.Image
 import torch
 from torch import Tensor
 from torch.utils.data import default_collate
 
 from torchfeed._packing import Layout, check_layout, image_shapes, storage_views
-from torchfeed._pil import as_op_image
+from torchfeed._pil import OP_IMAGE_TYPES, as_op_image
 from torchfeed._tree import Lazy, concat
 from torchfeed.collate._fields import leave_worker, private_collate
 from torchfeed.images import RaggedImages
@@ -42,9 +41,9 @@ class BatchTransform(Protocol):
 
 
 def _as_tensor(image: Any, hwc: bool) -> Any:
-    """A PIL image's pixels or a numpy array as a tensor in the collate's layout (anything else
-    as it is, for the packing's own checks)."""
-    return as_op_image(image, hwc) if isinstance(image, PIL.Image.Image | np.ndarray) else image
+    """An image as a tensor in the collate's layout, as a transform takes it (a PIL image's
+    pixels, a numpy array wrapped); anything else as it is, for the packing's own checks."""
+    return as_op_image(image, hwc) if isinstance(image, OP_IMAGE_TYPES) else image
 
 
 def _is_batch_transform(t: Any) -> bool:
@@ -174,7 +173,7 @@ class ImageCollate:
             return pack_tensors([_as_tensor(im, hwc) for im in images], layout)
 
         first = batch[0]
-        if isinstance(first, Tensor | np.ndarray | PIL.Image.Image):
+        if isinstance(first, OP_IMAGE_TYPES):
             out: Any = pack_images(batch, self.layout)
         elif isinstance(first, Mapping):
             if self.image_key not in first:

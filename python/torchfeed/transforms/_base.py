@@ -22,7 +22,7 @@ from torchfeed._options import check_bool, check_generator
 from torchfeed._output_buffer import OutputBuffer
 from torchfeed._packing import Layout
 from torchfeed._pil import CHANNELS as PIL_CHANNELS
-from torchfeed._pil import as_op_image
+from torchfeed._pil import OP_IMAGE_TYPES, as_op_image
 from torchfeed.decode import _as_encoded, _reduction, _Source
 from torchfeed.images import RaggedImages
 from torchfeed.ops._image_op import ImageOptions, OpImages, output_box, run
@@ -37,8 +37,7 @@ class FusedTransform(v2.Transform):
     of the op where the op cannot reproduce them exactly: an image that is not 8-bit, a center
     crop larger than the image (torchvision pads); without it, those raise."""
 
-    # v2's rule for what a transform touches, plus numpy images (as ToImage takes them)
-    _transformed_types = (Tensor, PIL.Image.Image, np.ndarray)
+    _transformed_types = OP_IMAGE_TYPES
 
     def __init__(
         self,
