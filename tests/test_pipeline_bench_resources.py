@@ -246,3 +246,21 @@ def test_a_baseline_timed_again_after_the_others_brackets_them():
     # the CPU of a run the meter could not read is not guessed
     rerun_baseline(results, result("images: base", [1.0], None, None))
     assert base.cpu_seconds is None and base.peak_memory_bytes == 700
+
+
+def test_each_suite_times_its_baseline_first_and_again_last():
+    from torchfeed._pipeline_bench.runner import PipelineResult, run_bracketed
+
+    calls = []
+
+    def timed(name):
+        calls.append(name)
+        return PipelineResult(name, "workers=2", samples_per_epoch=10, epoch_seconds=[1.0])
+
+    results = run_bracketed(["base", "ours", "other"], timed, "base")
+    assert calls == ["base", "ours", "other", "base"]
+    assert [r.pipeline for r in results] == ["base", "ours", "other"]
+    assert results[0].epoch_seconds == [1.0, 1.0] and "baseline_runs_per_s" in results[0].extra
+    calls.clear()
+    (alone,) = run_bracketed(["base"], timed, "base")  # nothing to bracket
+    assert calls == ["base"] and alone.epoch_seconds == [1.0]

@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 from torchfeed._pil import decode_rgb, read_bytes
-from torchfeed._pipeline_bench.runner import PipelineResult, rerun_baseline, run_epochs
+from torchfeed._pipeline_bench.runner import PipelineResult, run_bracketed, run_epochs
 from torchfeed.collate import ImageCollate
 from torchfeed.data import SkipCorrupt
 from torchfeed.decode import DecodeRandomCrop, decode_image
@@ -274,12 +274,10 @@ def run(
         pipelines, n_batches = make_pipelines(
             files, labels, batch_size, num_workers, device, skipped
         )
-        config = f"workers={num_workers}"
-        for name, make in pipelines.items():
-            results.append(run_epochs(name, config, make, step, epochs, n_batches, show_progress))
-        if len(pipelines) > 1:  # and once more after the others (rerun_baseline)
-            again = run_epochs(
-                BASELINE, config, pipelines[BASELINE], step, epochs, n_batches, show_progress
-            )
-            rerun_baseline(results, again)
+
+        # (the loop's values bound as defaults: timed runs within this iteration)
+        def timed(name, pipelines=pipelines, config=f"workers={num_workers}", n_batches=n_batches):
+            return run_epochs(name, config, pipelines[name], step, epochs, n_batches, show_progress)
+
+        results += run_bracketed(pipelines, timed, BASELINE)
     return results

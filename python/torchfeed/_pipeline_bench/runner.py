@@ -12,7 +12,7 @@ from typing import Any
 
 from torchfeed._pipeline_bench import resources
 
-__all__ = ["PipelineResult", "rerun_baseline", "run_epochs"]
+__all__ = ["PipelineResult", "rerun_baseline", "run_bracketed", "run_epochs"]
 
 
 @dataclass
@@ -140,3 +140,15 @@ def rerun_baseline(results: list[PipelineResult], again: PipelineResult) -> None
     peaks = [p for p in (first.peak_memory_bytes, again.peak_memory_bytes) if p is not None]
     first.peak_memory_bytes = max(peaks) if peaks else None
     first.extra["baseline_runs_per_s"] = runs
+
+
+def run_bracketed(
+    names: Iterable[str], timed: Callable[[str], PipelineResult], baseline: str
+) -> list[PipelineResult]:
+    """``timed(name)`` for each pipeline of a config in turn, then the baseline once more, folded
+    into its first run (:func:`rerun_baseline`) when there was anything to bracket."""
+    names = list(names)
+    results = [timed(name) for name in names]
+    if len(names) > 1:
+        rerun_baseline(results, timed(baseline))
+    return results

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-from torchfeed._pipeline_bench.runner import PipelineResult, rerun_baseline, run_epochs
+from torchfeed._pipeline_bench.runner import PipelineResult, run_bracketed, run_epochs
 from torchfeed.collate import PadCollate
 from torchfeed.loaders import loader
 from torchfeed.ragged import RaggedBatch
@@ -167,7 +167,5 @@ def run(
             result.extra["tokens_kept_pct"] = 100.0 * counts["real"] / max(counts["padded"], 1)
             return result
 
-        results += [timed(name) for name in pipelines]
-        if len(pipelines) > 1:  # and once more after the others (rerun_baseline)
-            rerun_baseline(results, timed(BASELINE))
+        results += run_bracketed(pipelines, timed, BASELINE)
     return results
