@@ -65,11 +65,14 @@ def synthetic_image(index: int, seed: int = 0) -> torch.Tensor:
     return (img[0].clamp(0, 1) * 255).round().to(torch.uint8)
 
 
+CLASSES = 10  # the built-in sets' classes: file i is in class_{i % CLASSES}
+
+
 def _jpeg_path(root: Path, index: int, classes: int) -> Path:
     return root / f"class_{index % classes:02d}" / f"{index:05d}.jpg"
 
 
-def builtin_files(root: Path, count: int, classes: int = 10) -> tuple[list[Path], list[int]]:
+def builtin_files(root: Path, count: int, classes: int = CLASSES) -> tuple[list[Path], list[int]]:
     """The first ``count`` files of a built-in dataset (``ensure_builtin_dataset`` or
     ``ensure_large_dataset`` with the same ``count`` and ``classes``), in the order they were
     made, and their classes. Never a listing of the folder: a cache that an earlier run (a larger
@@ -112,7 +115,7 @@ def _ensure_jpegs(
 def ensure_builtin_dataset(
     count: int,
     cache_dir: Path | None = None,
-    classes: int = 10,
+    classes: int = CLASSES,
     progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """``count`` JPEGs under ``cache_dir/images-v2`` in ImageFolder layout
@@ -187,7 +190,7 @@ def photo_encoding(index: int) -> dict:
 def ensure_large_dataset(
     count: int,
     cache_dir: Path | None = None,
-    classes: int = 10,
+    classes: int = CLASSES,
     progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """``count`` photo-sized JPEGs (:func:`synthetic_photo`) under ``cache_dir/photos-v1``, in
