@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from torchfeed._doctor import heap_kept
 from torchfeed._pil import encode_jpeg
 from torchfeed._pipeline_bench.dataset import list_image_folder, synthetic_image
 from torchfeed.cli import main
@@ -280,7 +282,14 @@ def _folder_of_jpegs(root: Path, shapes) -> Path:
     return root
 
 
-def test_doctor_reads_the_users_images(tmp_path, cli):
+def test_doctor_reads_the_users_images(tmp_path, cli, monkeypatch):
+    for name in (
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_TRIM_THRESHOLD_",
+        "GLIBC_TUNABLES",
+        "LD_PRELOAD",
+    ):
+        monkeypatch.delenv(name, raising=False)  # glibc's malloc as it comes
     photos = _folder_of_jpegs(tmp_path / "photos", [(1500, 2000), (2448, 3264), (1600, 1200)])
     (photos / "class_0" / "broken.jpg").write_bytes(b"not a jpeg")
     out = cli("doctor", "--data", str(photos), "--batch-size", "32")
@@ -302,6 +311,12 @@ def test_doctor_reads_the_users_images(tmp_path, cli):
     if not torch.cuda.is_available():
         assert "no GPU: run the fused transform in the workers" in text
     assert "1 of the 3 sampled are progressive JPEGs" in text and "jpegtran" in text
+    if platform.libc_ver()[0] == "glibc":  # a 9 MB photo freed and allocated once a sample
+        assert "a decoded image of this size (~9 MB)" in text
+        assert "MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296" in text
+    # the job already keeps its heap: nothing to say
+    kept = cli("doctor", "--data", str(photos), MALLOC_TRIM_THRESHOLD_="1000000000").stdout
+    assert "MALLOC_MMAP_THRESHOLD_" not in kept and "decode only the crop window" in kept
     # a bigger output: the crop is fewer times the output, a smaller reduction
     assert "about 1/2" in cli("doctor", "--data", str(photos), "--size", "512").stdout
     # crops 8x the output: the progressive file loses its unread scans, nothing to re-encode
@@ -314,6 +329,7 @@ def test_doctor_reads_the_users_images(tmp_path, cli):
     assert "DecodeRandomCrop(size=" not in text and "MB per batch" not in text
     assert "your_eval_compose" not in text  # a 300 px square: nothing to reduce
     assert "fused transform in the workers" not in text  # small images: the main process wins
+    assert "MALLOC_MMAP_THRESHOLD_" not in text  # 0.5 MB: under glibc's thresholds
     assert "progressive JPEGs" in text  # whatever their size
 
 
@@ -357,3 +373,13 @@ def test_bench_large_does_not_go_with_data(tmp_path, cli):
     result = cli("bench", "--large", "--data", str(tmp_path), "--no-progress")
     assert result.returncode == 2
     assert "--large chooses the built-in dataset's variant" in result.stderr
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="advice about glibc's malloc")
+def test_the_heap_is_kept_when_the_job_says_how():
+    assert not heap_kept({})
+    assert not heap_kept({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2", "LD_PRELOAD": "libfoo.so"})
+    assert heap_kept({"MALLOC_TRIM_THRESHOLD_": "1"}) and heap_kept({"MALLOC_MMAP_THRESHOLD_": "1"})
+    assert heap_kept({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1073741824"})
+    assert heap_kept({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1073741824"})
+    assert heap_kept({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"})

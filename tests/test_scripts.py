@@ -82,6 +82,22 @@ def test_reduced_decode_effect_measures_both_transforms(tmp_path):
         assert f"{name}, ms per image on one thread: Pillow loader + torchvision" in done.stdout
 
 
+def test_malloc_effect_runs_both_pipelines_with_and_without_the_setting(tmp_path):
+    for i in range(128):  # a batch of 64 for each of the 2 workers
+        (tmp_path / f"c{i % 2}").mkdir(exist_ok=True)
+        image = synthetic_image(i)[:, :96, :128]
+        (tmp_path / f"c{i % 2}" / f"{i}.jpg").write_bytes(encode_jpeg(image, quality=80))
+    done = run_script("malloc_effect.py", str(tmp_path), "--repeats", "1", timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "128 images, 2 workers, batches of 64, 1 rounds" in done.stdout
+    assert (
+        "tuned: MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296" in done.stdout
+    )
+    figures = re.findall(r"CPU ms/image: ([0-9.]+) as is, ([0-9.]+) tuned", done.stdout)
+    assert len(figures) == 2 and all(float(a) > 0 and float(b) > 0 for a, b in figures)
+    assert "baseline (torchvision per image)" in done.stdout and "at reduced scale" in done.stdout
+
+
 @pytest.mark.parametrize(
     ("script", "args", "match"),
     [
@@ -89,6 +105,7 @@ def test_reduced_decode_effect_measures_both_transforms(tmp_path):
         for script, empty in [
             ("decode_costs.py", "folder: no JPEG files under"),
             ("reduced_decode_effect.py", "folder: no readable image under"),
+            ("malloc_effect.py", "folder: .* has 0 images; the pipelines need at least 128"),
         ]
         for args, match in [
             (["{empty}", "--repeats", "0"], "--repeats must be at least 1, got 0"),

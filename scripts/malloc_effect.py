@@ -1,0 +1,106 @@
+"""What glibc's malloc defaults cost an image pipeline on large photos.
+
+glibc maps an allocation above its mmap threshold (at most 32 MB by default) fresh, and unmaps it
+when freed; freed heap above the trim threshold goes back to the system too. A decoded photo is
+such an allocation, made and freed once a sample, so its pixels are written into new pages every
+time: a page fault a page. Setting both thresholds in the environment makes a process keep its
+heap and write into memory it has written before.
+
+For the torchvision baseline and the best torchfeed pipeline of ``torchfeed bench`` (crops decoded
+at reduced scale, fused in the workers), each round runs the pipeline in a child process with the
+environment as it is and with ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` set, in
+turn (the order alternating from round to round), and reports the CPU per image of the timed
+epochs (every process, workers too, as the bench measures it) and the images/s of each, with
+the ratio of each round's pair.
+
+    .venv/bin/python scripts/malloc_effect.py [DIR] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import _folder
+import torch
+
+from torchfeed._doctor import KEEP_HEAP_ENV as TUNED  # what torchfeed doctor advises
+from torchfeed._pipeline_bench import image_pipelines as ip
+from torchfeed._pipeline_bench.runner import run_epochs
+
+PIPELINES = (ip.BASELINE, ip.SCALED_WORKERS)
+WORKERS, BATCH, EPOCHS = 2, 64, 3
+
+
+def child(name: str, listing: Path) -> None:
+    """Runs one pipeline over the files listed (JSON) and prints its figures (JSON)."""
+    files = [Path(f) for f in json.loads(listing.read_text())]
+    pipes, batches = ip.make_pipelines(
+        files, [0] * len(files), BATCH, WORKERS, torch.device("cpu"), ip.SkippedLog()
+    )
+    r = run_epochs(name, f"workers={WORKERS}", pipes[name], ip.step, EPOCHS, batches, False)
+    print(json.dumps({"cpu_ms": r.cpu_ms_per_sample, "per_s": r.samples_per_second}))
+
+
+def run_child(name: str, listing: Path, tuned: bool) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if k not in TUNED}
+    if tuned:
+        env.update(TUNED)
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", name, str(listing)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        sys.exit(f"{name}: the child process failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser, folder, repeats, found = _folder.parse(__doc__)
+    if len(found) < BATCH * WORKERS:
+        parser.error(
+            f"folder: {folder} has {len(found)} images; the pipelines need at least "
+            f"{BATCH * WORKERS} (a batch of {BATCH} for each of {WORKERS} workers)"
+        )
+    preset = sorted(k for k in TUNED if k in os.environ)
+    if preset:
+        print(f"(this environment's {', '.join(preset)} is replaced in both runs of each pair)")
+    with tempfile.TemporaryDirectory() as tmp:
+        listing = Path(tmp) / "files.json"
+        listing.write_text(json.dumps([str(f) for f in found]))
+        runs: dict[tuple[str, bool], list[dict[str, float]]] = {}
+        for r in range(repeats):
+            for name in PIPELINES:
+                for tuned in (r % 2 == 1, r % 2 == 0):  # A B, then B A
+                    runs.setdefault((name, tuned), []).append(run_child(name, listing, tuned))
+    settings = " ".join(f"{k}={v}" for k, v in TUNED.items())
+    print(f"{folder}: {len(found)} images, {WORKERS} workers, batches of {BATCH}, {repeats} rounds")
+    print(f"tuned: {settings}")
+    for name in PIPELINES:
+        plain, tuned = runs[name, False], runs[name, True]
+        cpu = [a["cpu_ms"] / b["cpu_ms"] for a, b in zip(plain, tuned, strict=True)]
+        speed = [b["per_s"] / a["per_s"] for a, b in zip(plain, tuned, strict=True)]
+        print(
+            f"  {name}\n"
+            f"    CPU ms/image: {statistics.median(a['cpu_ms'] for a in plain):.1f} as is, "
+            f"{statistics.median(b['cpu_ms'] for b in tuned):.1f} tuned "
+            f"(pairs: {', '.join(f'{x:.2f}x' for x in cpu)} less)\n"
+            f"    images/s: {statistics.median(a['per_s'] for a in plain):.1f} as is, "
+            f"{statistics.median(b['per_s'] for b in tuned):.1f} tuned "
+            f"(pairs: {', '.join(f'{x:.2f}x' for x in speed)})"
+        )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        child(sys.argv[2], Path(sys.argv[3]))
+    else:
+        main()
