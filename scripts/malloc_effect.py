@@ -29,7 +29,7 @@ from pathlib import Path
 import _folder
 import torch
 
-from torchfeed._doctor import KEEP_HEAP_ENV as TUNED  # what torchfeed doctor advises
+from torchfeed._malloc import KEEP_HEAP_ENV as TUNED  # what torchfeed doctor advises
 from torchfeed._pipeline_bench import image_pipelines as ip
 from torchfeed._pipeline_bench.runner import run_epochs
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchfeed._doctor import heap_kept
+from torchfeed._malloc import describe, heap_kept
 from torchfeed._pil import encode_jpeg
 from torchfeed._pipeline_bench.dataset import list_image_folder, synthetic_image
 from torchfeed.cli import main
@@ -158,6 +158,9 @@ def test_bench_json_schema(quick_run):
     limit = payload["machine"]["memory_limit_gb"]
     assert limit is None or limit < memory
     assert f"{memory} GB memory" in result.stdout
+    # the allocator the pipelines ran on (glibc's defaults cost photo pipelines a fifth)
+    assert payload["machine"]["malloc"] == describe(os.environ)
+    assert f"malloc: {describe(os.environ)}" in result.stdout
 
 
 def test_bench_plot(quick_run):
@@ -383,3 +386,9 @@ def test_the_heap_is_kept_when_the_job_says_how():
     assert heap_kept({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1073741824"})
     assert heap_kept({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1073741824"})
     assert heap_kept({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"})
+    version = platform.libc_ver()[1]
+    assert describe({}) == f"glibc {version} defaults"
+    assert describe(
+        {"MALLOC_TRIM_THRESHOLD_": "9", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+    ) == (f"glibc {version}, MALLOC_TRIM_THRESHOLD_=9 glibc.malloc.arena_max=2")
+    assert describe({"LD_PRELOAD": "libtcmalloc_minimal.so.4"}) == "tcmalloc (LD_PRELOAD)"

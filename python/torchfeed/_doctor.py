@@ -4,45 +4,20 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 
 import PIL.Image
 import torch
 
 from torchfeed._extension import C, build_info
+from torchfeed._malloc import KEEP_HEAP_ENV, heap_kept
 from torchfeed._pipeline_bench.dataset import list_image_folder
 from torchfeed.decode import _reduction
 from torchfeed.memory import PinnedRing
 from torchfeed.memory._budget import Budget, memory_budget
 
-__all__ = ["KEEP_HEAP_ENV", "heap_kept", "images_report", "report"]
-
-# The environment that makes glibc's malloc keep a process's heap: allocations up to 1 GB come
-# from it rather than from fresh mappings, and up to 4 GB of it stays mapped when freed. By
-# default an allocation above the mmap threshold (adjusted up to 32 MB) is a fresh mapping,
-# unmapped when freed, and freed heap above the trim threshold (up to 64 MB) goes back to the
-# system: a decoded photo, allocated and freed once a sample, is written into new pages every
-# time, a page fault a page (scripts/malloc_effect.py measures what that costs).
-KEEP_HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
-# allocators a job may preload instead of glibc's (its thresholds then do not apply)
-_OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
-
-
-def heap_kept(environ: Mapping[str, str]) -> bool:
-    """Whether a process started with ``environ`` keeps freed photos' memory, or at least has
-    been told how: glibc's thresholds set (either one, or as GLIBC_TUNABLES), another allocator
-    preloaded, or a C library other than glibc (whose malloc this advice is not about)."""
-    if platform.libc_ver()[0] != "glibc":
-        return True
-    if any(k in environ for k in KEEP_HEAP_ENV):
-        return True
-    tunables = environ.get("GLIBC_TUNABLES", "")
-    if any(f"glibc.malloc.{name}_threshold" in tunables for name in ("mmap", "trim")):
-        return True
-    return any(name in environ.get("LD_PRELOAD", "") for name in _OTHER_ALLOCATORS)
+__all__ = ["images_report", "report"]
 
 
 def _shm_bytes() -> tuple[int, int] | None:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torchvision
 
+from torchfeed import _malloc as malloc
 from torchfeed._extension import build_info, physical_memory
 from torchfeed.memory._budget import Budget, cgroup_memory_limit
 
@@ -55,6 +56,9 @@ def machine_info() -> dict[str, Any]:
         "torchvision": torchvision.__version__,
         "torchfeed": info["version"],
         "torchfeed_cuda_kernels": info["cuda_compiled"],
+        # glibc's defaults give decoded photos' memory back and map it anew every sample: on
+        # photos a fifth of the baseline's CPU (docs/benchmarks.md); the workers inherit this
+        "malloc": malloc.describe(os.environ),
     }
 
 
@@ -94,7 +98,8 @@ def format_machine(info: dict[str, Any]) -> str:
         f"{info['torch_threads']}; {_memory(info)}), GPU: {gpu}; python {info['python']}, "
         f"torch {info['torch']}, torchvision {info['torchvision']}, torchfeed {info['torchfeed']} "
         "(CUDA kernels "
-        f"{'compiled' if info['torchfeed_cuda_kernels'] else 'not compiled'})"
+        f"{'compiled' if info['torchfeed_cuda_kernels'] else 'not compiled'}); malloc: "
+        f"{info.get('malloc', 'not recorded')}"
     )
 
 

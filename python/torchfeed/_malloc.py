@@ -1,0 +1,51 @@
+"""What a process's malloc does with the memory of decoded photos, and the setting that makes
+glibc's keep it: one home for ``torchfeed doctor``'s advice, the bench's machine line and
+scripts/malloc_effect.py."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping
+
+__all__ = ["KEEP_HEAP_ENV", "describe", "heap_kept"]
+
+# The environment that makes glibc's malloc keep a process's heap: allocations up to 1 GB come
+# from it rather than from fresh mappings, and up to 4 GB of it stays mapped when freed. By
+# default an allocation above the mmap threshold (adjusted up to 32 MB) is a fresh mapping,
+# unmapped when freed, and freed heap above the trim threshold (up to 64 MB) goes back to the
+# system: a decoded photo, allocated and freed once a sample, is written into new pages every
+# time, a page fault a page (scripts/malloc_effect.py measures what that costs).
+KEEP_HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+# allocators a job may preload instead of glibc's (its thresholds then do not apply)
+_OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+
+
+def heap_kept(environ: Mapping[str, str]) -> bool:
+    """Whether a process started with ``environ`` keeps freed photos' memory, or at least has
+    been told how: glibc's thresholds set (either one, or as GLIBC_TUNABLES), another allocator
+    preloaded, or a C library other than glibc (whose malloc this advice is not about)."""
+    if platform.libc_ver()[0] != "glibc":
+        return True
+    if any(k in environ for k in KEEP_HEAP_ENV):
+        return True
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if any(f"glibc.malloc.{name}_threshold" in tunables for name in ("mmap", "trim")):
+        return True
+    return any(name in environ.get("LD_PRELOAD", "") for name in _OTHER_ALLOCATORS)
+
+
+def describe(environ: Mapping[str, str]) -> str:
+    """The allocator a process started with ``environ`` uses, and what it was told: e.g.
+    "glibc 2.36 defaults", "glibc 2.36, MALLOC_TRIM_THRESHOLD_=4294967296", "jemalloc
+    (LD_PRELOAD)"."""
+    preloaded = [name for name in _OTHER_ALLOCATORS if name in environ.get("LD_PRELOAD", "")]
+    if preloaded:
+        return f"{preloaded[0]} (LD_PRELOAD)"
+    libc, version = platform.libc_ver()
+    if libc != "glibc":
+        return "the C library's (not glibc)"
+    told = [f"{k}={environ[k]}" for k in KEEP_HEAP_ENV if k in environ]
+    told += [
+        t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t.startswith("glibc.malloc.")
+    ]
+    return f"glibc {version}, " + " ".join(told) if told else f"glibc {version} defaults"
