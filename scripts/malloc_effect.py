@@ -11,7 +11,8 @@ at reduced scale, fused in the workers), each round runs the pipeline in a child
 environment as it is and with ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` set, in
 turn (the order alternating from round to round), and reports the CPU per image of the timed
 epochs (every process, workers too, as the bench measures it) and the images/s of each, with
-the ratio of each round's pair.
+the ratio of each round's pair. Two workers, batches of 64 (of half the folder, for a folder of
+fewer than 128 images), three timed epochs after a start-up one.
 
     .venv/bin/python scripts/malloc_effect.py [DIR] [--repeats 3]
 """
@@ -34,25 +35,27 @@ from torchfeed._pipeline_bench import image_pipelines as ip
 from torchfeed._pipeline_bench.runner import run_epochs
 
 PIPELINES = (ip.BASELINE, ip.SCALED_WORKERS)
-WORKERS, BATCH, EPOCHS = 2, 64, 3
+WORKERS, EPOCHS = 2, 3
+BATCH = 64  # at most: a smaller folder gets a batch for each worker
+SMALLEST_BATCH = 8
 
 
-def child(name: str, listing: Path) -> None:
+def child(name: str, listing: Path, batch: int) -> None:
     """Runs one pipeline over the files listed (JSON) and prints its figures (JSON)."""
     files = [Path(f) for f in json.loads(listing.read_text())]
     pipes, batches = ip.make_pipelines(
-        files, [0] * len(files), BATCH, WORKERS, torch.device("cpu"), ip.SkippedLog()
+        files, [0] * len(files), batch, WORKERS, torch.device("cpu"), ip.SkippedLog()
     )
     r = run_epochs(name, f"workers={WORKERS}", pipes[name], ip.step, EPOCHS, batches, False)
     print(json.dumps({"cpu_ms": r.cpu_ms_per_sample, "per_s": r.samples_per_second}))
 
 
-def run_child(name: str, listing: Path, tuned: bool) -> dict[str, float]:
+def run_child(name: str, listing: Path, batch: int, tuned: bool) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if k not in TUNED}
     if tuned:
         env.update(TUNED)
     done = subprocess.run(
-        [sys.executable, __file__, "--child", name, str(listing)],
+        [sys.executable, __file__, "--child", name, str(listing), str(batch)],
         env=env,
         capture_output=True,
         text=True,
@@ -65,11 +68,13 @@ def run_child(name: str, listing: Path, tuned: bool) -> dict[str, float]:
 
 def main() -> None:
     parser, folder, repeats, found = _folder.parse(__doc__)
-    if len(found) < BATCH * WORKERS:
+    if len(found) < SMALLEST_BATCH * WORKERS:
         parser.error(
             f"folder: {folder} has {len(found)} images; the pipelines need at least "
-            f"{BATCH * WORKERS} (a batch of {BATCH} for each of {WORKERS} workers)"
+            f"{SMALLEST_BATCH * WORKERS} (a batch of {SMALLEST_BATCH} for each of {WORKERS} "
+            "workers)"
         )
+    batch = min(BATCH, len(found) // WORKERS)
     preset = sorted(k for k in TUNED if k in os.environ)
     if preset:
         print(f"(this environment's {', '.join(preset)} is replaced in both runs of each pair)")
@@ -80,9 +85,11 @@ def main() -> None:
         for r in range(repeats):
             for name in PIPELINES:
                 for tuned in (r % 2 == 1, r % 2 == 0):  # A B, then B A
-                    runs.setdefault((name, tuned), []).append(run_child(name, listing, tuned))
+                    runs.setdefault((name, tuned), []).append(
+                        run_child(name, listing, batch, tuned)
+                    )
     settings = " ".join(f"{k}={v}" for k, v in TUNED.items())
-    print(f"{folder}: {len(found)} images, {WORKERS} workers, batches of {BATCH}, {repeats} rounds")
+    print(f"{folder}: {len(found)} images, {WORKERS} workers, batches of {batch}, {repeats} rounds")
     print(f"tuned: {settings}")
     for name in PIPELINES:
         plain, tuned = runs[name, False], runs[name, True]
@@ -100,7 +107,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        child(sys.argv[2], Path(sys.argv[3]))
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        child(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]))
     else:
         main()

@@ -83,13 +83,13 @@ def test_reduced_decode_effect_measures_both_transforms(tmp_path):
 
 
 def test_malloc_effect_runs_both_pipelines_with_and_without_the_setting(tmp_path):
-    for i in range(128):  # a batch of 64 for each of the 2 workers
+    for i in range(21):  # a batch of 10 for each of the 2 workers, one image over
         (tmp_path / f"c{i % 2}").mkdir(exist_ok=True)
         image = synthetic_image(i)[:, :96, :128]
         (tmp_path / f"c{i % 2}" / f"{i}.jpg").write_bytes(encode_jpeg(image, quality=80))
     done = run_script("malloc_effect.py", str(tmp_path), "--repeats", "1", timeout=600)
     assert done.returncode == 0, done.stderr
-    assert "128 images, 2 workers, batches of 64, 1 rounds" in done.stdout
+    assert "21 images, 2 workers, batches of 10, 1 rounds" in done.stdout
     assert (
         "tuned: MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296" in done.stdout
     )
@@ -105,7 +105,7 @@ def test_malloc_effect_runs_both_pipelines_with_and_without_the_setting(tmp_path
         for script, empty in [
             ("decode_costs.py", "folder: no JPEG files under"),
             ("reduced_decode_effect.py", "folder: no readable image under"),
-            ("malloc_effect.py", "folder: .* has 0 images; the pipelines need at least 128"),
+            ("malloc_effect.py", "folder: .* has 0 images; the pipelines need at least 16"),
         ]
         for args, match in [
             (["{empty}", "--repeats", "0"], "--repeats must be at least 1, got 0"),
