@@ -317,9 +317,12 @@ def test_doctor_reads_the_users_images(tmp_path, cli, monkeypatch):
     if platform.libc_ver()[0] == "glibc":  # a 9 MB photo freed and allocated once a sample
         assert "a decoded image of this size (~9 MB)" in text
         assert "MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296" in text
-    # the job already keeps its heap: nothing to say
-    kept = cli("doctor", "--data", str(photos), MALLOC_TRIM_THRESHOLD_="1000000000").stdout
+    # the job already keeps its heap: nothing to say; with one threshold of the two, the advice
+    both = {"MALLOC_TRIM_THRESHOLD_": "1000000000", "MALLOC_MMAP_THRESHOLD_": "1000000000"}
+    kept = cli("doctor", "--data", str(photos), **both).stdout
     assert "MALLOC_MMAP_THRESHOLD_" not in kept and "decode only the crop window" in kept
+    half = cli("doctor", "--data", str(photos), MALLOC_TRIM_THRESHOLD_="1000000000").stdout
+    assert ("MALLOC_MMAP_THRESHOLD_=1073741824" in half) == (platform.libc_ver()[0] == "glibc")
     # a bigger output: the crop is fewer times the output, a smaller reduction
     assert "about 1/2" in cli("doctor", "--data", str(photos), "--size", "512").stdout
     # crops 8x the output: the progressive file loses its unread scans, nothing to re-encode
@@ -382,9 +385,16 @@ def test_bench_large_does_not_go_with_data(tmp_path, cli):
 def test_the_heap_is_kept_when_the_job_says_how():
     assert not heap_kept({})
     assert not heap_kept({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2", "LD_PRELOAD": "libfoo.so"})
-    assert heap_kept({"MALLOC_TRIM_THRESHOLD_": "1"}) and heap_kept({"MALLOC_MMAP_THRESHOLD_": "1"})
-    assert heap_kept({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1073741824"})
-    assert heap_kept({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1073741824"})
+    # it takes both thresholds: either alone stops glibc adjusting the other
+    assert not heap_kept({"MALLOC_TRIM_THRESHOLD_": "1"})
+    assert not heap_kept({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1073741824"})
+    assert heap_kept({"MALLOC_TRIM_THRESHOLD_": "1", "MALLOC_MMAP_THRESHOLD_": "1"})
+    assert heap_kept(
+        {"MALLOC_TRIM_THRESHOLD_": "1", "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1"}
+    )
+    assert heap_kept(
+        {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1:glibc.malloc.mmap_threshold=1"}
+    )
     assert heap_kept({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"})
     version = platform.libc_ver()[1]
     assert describe({}) == f"glibc {version} defaults"

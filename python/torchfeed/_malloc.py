@@ -14,24 +14,30 @@ __all__ = ["KEEP_HEAP_ENV", "describe", "heap_kept"]
 # default an allocation above the mmap threshold (adjusted up to 32 MB) is a fresh mapping,
 # unmapped when freed, and freed heap above the trim threshold (up to 64 MB) goes back to the
 # system: a decoded photo, allocated and freed once a sample, is written into new pages every
-# time, a page fault a page (scripts/malloc_effect.py measures what that costs).
+# time, a page fault a page (scripts/malloc_effect.py measures what that costs). It takes both:
+# either one set alone stops glibc adjusting the other, so the mmap threshold alone leaves the
+# trim threshold at 128 KB (the heap given back at every free), and the trim threshold alone
+# leaves every allocation over 128 KB a fresh mapping.
 KEEP_HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+# the GLIBC_TUNABLES names of the same settings
+_TUNABLES = {
+    "MALLOC_MMAP_THRESHOLD_": "glibc.malloc.mmap_threshold",
+    "MALLOC_TRIM_THRESHOLD_": "glibc.malloc.trim_threshold",
+}
 # allocators a job may preload instead of glibc's (its thresholds then do not apply)
 _OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
 def heap_kept(environ: Mapping[str, str]) -> bool:
-    """Whether a process started with ``environ`` keeps freed photos' memory, or at least has
-    been told how: glibc's thresholds set (either one, or as GLIBC_TUNABLES), another allocator
-    preloaded, or a C library other than glibc (whose malloc this advice is not about)."""
+    """Whether a process started with ``environ`` keeps freed photos' memory, or was told how:
+    both of glibc's thresholds set (each in the environment or in GLIBC_TUNABLES), another
+    allocator preloaded, or a C library other than glibc (whose malloc this is not about)."""
     if platform.libc_ver()[0] != "glibc":
         return True
-    if any(k in environ for k in KEEP_HEAP_ENV):
+    if any(name in environ.get("LD_PRELOAD", "") for name in _OTHER_ALLOCATORS):
         return True
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if any(f"glibc.malloc.{name}_threshold" in tunables for name in ("mmap", "trim")):
-        return True
-    return any(name in environ.get("LD_PRELOAD", "") for name in _OTHER_ALLOCATORS)
+    return all(k in environ or f"{t}=" in tunables for k, t in _TUNABLES.items())
 
 
 def describe(environ: Mapping[str, str]) -> str:
