@@ -31,6 +31,7 @@ import _folder
 import torch
 
 from torchfeed._malloc import KEEP_HEAP_ENV as TUNED  # what torchfeed doctor advises
+from torchfeed._malloc import describe
 from torchfeed._pipeline_bench import image_pipelines as ip
 from torchfeed._pipeline_bench.runner import run_epochs
 
@@ -50,10 +51,14 @@ def child(name: str, listing: Path, batch: int) -> None:
     print(json.dumps({"cpu_ms": r.cpu_ms_per_sample, "per_s": r.samples_per_second}))
 
 
-def run_child(name: str, listing: Path, batch: int, tuned: bool) -> dict[str, float]:
+def environment(tuned: bool) -> dict[str, str]:
+    """This environment without the two thresholds, or with them set."""
     env = {k: v for k, v in os.environ.items() if k not in TUNED}
-    if tuned:
-        env.update(TUNED)
+    return {**env, **TUNED} if tuned else env
+
+
+def run_child(name: str, listing: Path, batch: int, tuned: bool) -> dict[str, float]:
+    env = environment(tuned)
     done = subprocess.run(
         [sys.executable, __file__, "--child", name, str(listing), str(batch)],
         env=env,
@@ -75,9 +80,6 @@ def main() -> None:
             "workers)"
         )
     batch = min(BATCH, len(found) // WORKERS)
-    preset = sorted(k for k in TUNED if k in os.environ)
-    if preset:
-        print(f"(this environment's {', '.join(preset)} is replaced in both runs of each pair)")
     with tempfile.TemporaryDirectory() as tmp:
         listing = Path(tmp) / "files.json"
         listing.write_text(json.dumps([str(f) for f in found]))
@@ -88,9 +90,9 @@ def main() -> None:
                     runs.setdefault((name, tuned), []).append(
                         run_child(name, listing, batch, tuned)
                     )
-    settings = " ".join(f"{k}={v}" for k, v in TUNED.items())
     print(f"{folder}: {len(found)} images, {WORKERS} workers, batches of {batch}, {repeats} rounds")
-    print(f"tuned: {settings}")
+    # what each side ran on (this environment's own thresholds are left out of "as is")
+    print(f"as is: {describe(environment(False))}; tuned: {describe(environment(True))}")
     for name in PIPELINES:
         plain, tuned = runs[name, False], runs[name, True]
         cpu = [a["cpu_ms"] / b["cpu_ms"] for a, b in zip(plain, tuned, strict=True)]
