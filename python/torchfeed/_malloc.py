@@ -28,13 +28,17 @@ _TUNABLES = {
 _OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
+def _preloaded(environ: Mapping[str, str]) -> str | None:
+    """The other allocator ``environ``'s LD_PRELOAD names, if any."""
+    preload = environ.get("LD_PRELOAD", "")
+    return next((name for name in _OTHER_ALLOCATORS if name in preload), None)
+
+
 def heap_kept(environ: Mapping[str, str]) -> bool:
     """Whether a process started with ``environ`` keeps freed photos' memory, or was told how:
     both of glibc's thresholds set (each in the environment or in GLIBC_TUNABLES), another
     allocator preloaded, or a C library other than glibc (whose malloc this is not about)."""
-    if platform.libc_ver()[0] != "glibc":
-        return True
-    if any(name in environ.get("LD_PRELOAD", "") for name in _OTHER_ALLOCATORS):
+    if _preloaded(environ) is not None or platform.libc_ver()[0] != "glibc":
         return True
     tunables = environ.get("GLIBC_TUNABLES", "")
     return all(k in environ or f"{t}=" in tunables for k, t in _TUNABLES.items())
@@ -44,9 +48,9 @@ def describe(environ: Mapping[str, str]) -> str:
     """The allocator a process started with ``environ`` uses, and what it was told: e.g.
     "glibc 2.36 defaults", "glibc 2.36, MALLOC_TRIM_THRESHOLD_=4294967296", "jemalloc
     (LD_PRELOAD)"."""
-    preloaded = [name for name in _OTHER_ALLOCATORS if name in environ.get("LD_PRELOAD", "")]
-    if preloaded:
-        return f"{preloaded[0]} (LD_PRELOAD)"
+    preloaded = _preloaded(environ)
+    if preloaded is not None:
+        return f"{preloaded} (LD_PRELOAD)"
     libc, version = platform.libc_ver()
     if libc != "glibc":
         return "the C library's (not glibc)"
