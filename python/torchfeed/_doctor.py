@@ -252,21 +252,21 @@ def images_report(folder: Path, size: int, batch_size: int, gpu: bool) -> tuple[
                 "out.jpg), saves the rest"
             )
         )
-    if median >= 1_000_000 and not heap_kept(os.environ):
-        settings = " ".join(f"{k}={v}" for k, v in KEEP_HEAP_ENV.items())
-        advice.append(
-            f"a decoded image of this size (~{median * 3 / 1e6:.0f} MB) is allocated and freed "
-            "once a sample, and glibc's malloc gives memory that large back to the system and "
-            "maps it anew: every sample's pixels are written into fresh pages, a page fault a "
-            "page (on the bench's large photos and on 35 real photographs, on a 2-vCPU VM, the "
-            "torchvision pipeline took 1.15-1.29x more CPU than with the setting below; "
-            "torchfeed's reduced-scale crops, whose windows are small, about the same). Start "
-            "the job with "
-            f"{settings} in its environment (DataLoader workers inherit it; each process then "
-            "keeps the heap it has used); scripts/malloc_effect.py DIR measures the difference "
-            "on your images"
-        )
     if median >= 1_000_000:
+        if not heap_kept(os.environ):
+            settings = " ".join(f"{k}={v}" for k, v in KEEP_HEAP_ENV.items())
+            advice.append(
+                f"a decoded image of this size (~{median * 3 / 1e6:.0f} MB) is allocated and freed "
+                "once a sample, and glibc's malloc gives memory that large back to the system and "
+                "maps it anew: every sample's pixels are written into fresh pages, a page fault a "
+                "page (on the bench's large photos and on 35 real photographs, on a 2-vCPU VM, the "
+                "torchvision pipeline took 1.15-1.29x more CPU than with the setting below; "
+                "torchfeed's reduced-scale crops, whose windows are small, about the same). Start "
+                "the job with "
+                f"{settings} in its environment (DataLoader workers inherit it; each process then "
+                "keeps the heap it has used); scripts/malloc_effect.py DIR measures the difference "
+                "on your images"
+            )
         advice.append(
             f"whole decoded images of this size are ~{whole_mb:.0f} MB per batch of "
             f"{batch_size}: decode only the crop window in the workers (DecodeRandomCrop) "
