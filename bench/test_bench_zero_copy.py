@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 import torchfeed
 from torchfeed import ImageCollate, PadCollate
@@ -88,8 +88,11 @@ def test_images_zero_copy(benchmark, role, image_samples):
 def test_images_ordinary_path(benchmark, role, image_samples):
     benchmark.group = "loader 16 batches of 64x3x224x224 uint8 (CPU, 2 workers)"
     role("baseline")
-    # the usual collate of same-size images: stack them (default_collate)
-    assert benchmark.pedantic(epoch(make(image_samples, None, False)), rounds=5) == BATCHES
+    # the usual collate of same-size images: stack them (default_collate, named: a
+    # torchfeed.loader given no collate_fn recycles its workers' memory)
+    assert (
+        benchmark.pedantic(epoch(make(image_samples, default_collate, False)), rounds=5) == BATCHES
+    )
 
 
 PHOTO_BATCHES = 6
@@ -233,5 +236,5 @@ def test_images_to_device_zero_copy(benchmark, role, image_samples):
 def test_images_to_device_pin_memory(benchmark, role, image_samples):
     benchmark.group = "loader to GPU, 16 batches of 64x3x224x224 uint8"
     role("baseline")
-    dl = make(image_samples, None, False, pin_memory=True)
+    dl = make(image_samples, default_collate, False, pin_memory=True)
     assert benchmark.pedantic(to_device_epoch(dl, False), rounds=5) == BATCHES

@@ -25,7 +25,7 @@ LAZY_OK = {"torchfeed.cli": {"torchfeed._pipeline_bench", "torchfeed._doctor"}}
 # pipeline uses most (TOP); every other public name lives in exactly one public module.
 PUBLIC = {
     "torchfeed.cli": {"main"},
-    "torchfeed.collate": {"ImageCollate", "PadCollate"},
+    "torchfeed.collate": {"DefaultCollate", "ImageCollate", "PadCollate"},
     "torchfeed.data": {
         "DistributedSampler",
         "SeedPerSample",
@@ -79,6 +79,7 @@ PUBLIC = {
     },
 }
 TOP = {
+    "DefaultCollate",
     "DevicePrefetcher",
     "ImageCollate",
     "PadCollate",

@@ -12,7 +12,8 @@ hooks. The names a pipeline uses most are here; each has one home module besides
   (:mod:`torchfeed.ops.crop_flip_normalize`), :class:`RaggedImages` (:mod:`torchfeed.images`),
   :class:`ImageCollate` (:mod:`torchfeed.collate`); decoding in :mod:`torchfeed.decode`;
 - loading: :func:`loader`, :class:`ResumableLoader`, :class:`ZeroCopyLoader`
-  (:mod:`torchfeed.loaders`), :class:`DevicePrefetcher` (:mod:`torchfeed.prefetch`),
+  (:mod:`torchfeed.loaders`), :class:`DefaultCollate` (:mod:`torchfeed.collate`: the batches of
+  per-sample transforms), :class:`DevicePrefetcher` (:mod:`torchfeed.prefetch`),
   :class:`PinnedRing` (:mod:`torchfeed.memory`); production practices in :mod:`torchfeed.data`.
 """
 
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchfeed._extension import C as _C
 from torchfeed._extension import build_info
-from torchfeed.collate import ImageCollate, PadCollate
+from torchfeed.collate import DefaultCollate, ImageCollate, PadCollate
 from torchfeed.images import RaggedImages
 from torchfeed.loaders import ResumableLoader, ZeroCopyLoader, loader
 from torchfeed.memory import PinnedRing
@@ -70,6 +71,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "DefaultCollate",
     "DevicePrefetcher",
     "ImageCollate",
     "PadCollate",

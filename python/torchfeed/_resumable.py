@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from torchfeed.collate import DefaultCollate
 from torchfeed.data._distributed import distributed_initialized, rank_and_world_size
 from torchfeed.data._sampler import DistributedSampler
 from torchfeed.data._seeding import SeedPerSample
@@ -102,6 +103,19 @@ class _Skipping:
         return max(0, len(self.base) - self.skip)
 
 
+def _default_collation(args: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether a DataLoader given these arguments (after the dataset) would collate its batches
+    with ``default_collate``: no ``collate_fn``, and batches (a ``batch_size``, 1 by default, or
+    a ``batch_sampler``; without either it converts each sample with ``default_convert``)."""
+    if len(args) > 5 or kwargs.get("collate_fn") is not None:
+        # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+        # collate_fn, ...): the caller's choice, even a positional None
+        return False
+    batch_size = args[0] if args else kwargs.get("batch_size", 1)
+    batch_sampler = args[3] if len(args) > 3 else kwargs.get("batch_sampler")
+    return batch_size is not None or batch_sampler is not None
+
+
 class ResumableLoader(DataLoader):
     """A DataLoader with ``state_dict()`` / ``load_state_dict()`` for mid-epoch checkpoints.
 
@@ -128,6 +142,10 @@ class ResumableLoader(DataLoader):
     (:class:`~torchfeed.data.WorkerSeeder` streams included). Datasets with their own
     ``state_dict`` (:class:`~torchfeed.data.SkipCorrupt`'s skipped samples) are saved alongside.
     Load a checkpoint before the epoch it resumes starts (before the workers start).
+
+    Given no ``collate_fn``, the batches are :class:`~torchfeed.DefaultCollate`'s:
+    ``default_collate``'s, which each worker writes into shared memory it reuses rather than into
+    a fresh shared-memory file per tensor and batch.
     """
 
     def __init__(self, dataset: Any, *args: Any, seed_samples: bool | int = True, **kwargs: Any):
@@ -147,6 +165,9 @@ class ResumableLoader(DataLoader):
                 seed = getattr(sampler, "seed", None)
                 seed_samples = seed if isinstance(seed, int) else torch.initial_seed()
             dataset = SeedPerSample(dataset, int(seed_samples))
+        if _default_collation(args, kwargs):
+            # default_collate's batches, written into memory each worker reuses
+            kwargs["collate_fn"] = DefaultCollate()
         super().__init__(dataset, *args, **kwargs)
         self._epoch_index = 0  # this loader's epochs begun so far (the per-sample seeds' epoch)
         self._batches = 0  # yielded by the current epoch's iterator

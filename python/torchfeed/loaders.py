@@ -28,7 +28,7 @@ from torch.utils.data import Dataset, IterableDataset
 from torchfeed._extension import gpu_kernels_usable
 from torchfeed._resumable import ResumableLoader
 from torchfeed._tree import tensors_of
-from torchfeed.collate._fields import RingDefaultCollate
+from torchfeed.collate import DefaultCollate
 from torchfeed.memory._budget import memory_budget
 from torchfeed.memory._ring_base import check_timeout
 from torchfeed.memory._shared_ring import RingHandle, SharedRing
@@ -80,7 +80,7 @@ class ZeroCopyLoader(ResumableLoader):
         **kwargs: Any,
     ) -> None:
         if collate_fn is None:
-            collate_fn = RingDefaultCollate()
+            collate_fn = DefaultCollate()
         if not hasattr(collate_fn, "with_shared_ring"):
             raise TypeError(
                 "zero_copy needs a ring-aware collate_fn (torchfeed.PadCollate, "

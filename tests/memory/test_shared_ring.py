@@ -130,7 +130,7 @@ def test_without_a_collate_fn_the_batches_are_default_collates(context):
     assert ours[0][0]["name"] == ["s0", "s1", "s2", "s3", "s4"]
     assert dl.shared_ring.contains(ours[0][0]["pixel_values"])  # really from the ring
     assert dl.shared_ring.stats()["allocations"] == 10
-    assert "RingDefaultCollate()" in repr(dl.collate_fn)
+    assert repr(dl.collate_fn) == "DefaultCollate()"
 
 
 def test_private_collate_is_default_collate_in_private_memory():

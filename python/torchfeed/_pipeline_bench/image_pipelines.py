@@ -10,6 +10,8 @@ timings in ``stages``), on the same files in the same order:
   ``ImageFolder``'s ``loader=torchfeed.decode.read_file``), which decodes only the pixels its
   crop reads: the same output as on the decoded image; and the same at reduced scale
   (``fuse(..., reduced_decode=True)``: the crop decoded as ``DecodeRandomCrop(size=224)`` does);
+  and that with ``collate_fn=torchfeed.DefaultCollate()`` (the third line: ``default_collate``'s
+  batches, which the workers write into memory they reuse);
 - torchfeed: workers only read and decode (uint8, any size; ``torchfeed.decode.decode_image``,
   libjpeg-turbo straight into the tensor); a ragged uint8 collate in an ordinary DataLoader
   (``ImageCollate``: one buffer in shared memory each worker reuses); ``DevicePrefetcher`` with
@@ -41,7 +43,7 @@ from torchvision.transforms import v2
 
 from torchfeed._pil import decode_rgb, read_bytes
 from torchfeed._pipeline_bench.runner import PipelineResult, run_bracketed, run_epochs
-from torchfeed.collate import ImageCollate
+from torchfeed.collate import DefaultCollate, ImageCollate
 from torchfeed.data import SkipCorrupt
 from torchfeed.decode import DecodeRandomCrop, decode_image
 from torchfeed.loaders import loader as zc_loader
@@ -74,6 +76,7 @@ SCALED_WORKERS = SCALED + ", fused in workers"
 FUSED_COMPOSE = "images: your torchvision pipeline fused (torchfeed.fuse, per sample)"
 FUSED_BYTES = FUSED_COMPOSE[:-1] + ", on the file's bytes: loader=read_file)"
 FUSED_REDUCED = FUSED_BYTES[:-1] + ", reduced_decode=True)"
+FUSED_RECYCLED = FUSED_REDUCED[:-1] + ", collate_fn=DefaultCollate())"
 
 
 def torchvision_transform() -> v2.Compose:
@@ -179,13 +182,14 @@ def make_pipelines(
         dl = loader(ds, batch_size, workers, pin_memory=gpu)
         return _Moved(dl, device)
 
-    def fused_bytes(reduced_decode=False):
+    def fused_bytes(reduced_decode=False, collate_fn=None):
         # the second line: the loader hands the fused Compose the file's bytes, and it decodes
         # only the pixels its crop reads (the same output as on the decoded image); with
-        # reduced_decode, at the scale DecodeRandomCrop(size=224) picks
+        # reduced_decode, at the scale DecodeRandomCrop(size=224) picks; with DefaultCollate,
+        # the workers write default_collate's batches into memory they reuse
         t = fuse(torchvision_transform(), reduced_decode=reduced_decode)
         ds = skipped.track(FileDataset(files, labels, t, decode=False))
-        dl = loader(ds, batch_size, workers, pin_memory=gpu)
+        dl = loader(ds, batch_size, workers, pin_memory=gpu, collate_fn=collate_fn)
         return _Moved(dl, device)
 
     def prefetched(dl, t):  # the fused transform in the prefetcher
@@ -232,6 +236,7 @@ def make_pipelines(
     pipelines[FUSED_COMPOSE] = fused_compose
     pipelines[FUSED_BYTES] = fused_bytes
     pipelines[FUSED_REDUCED] = lambda: fused_bytes(reduced_decode=True)
+    pipelines[FUSED_RECYCLED] = lambda: fused_bytes(True, DefaultCollate())
     pipelines[TORCHFEED] = ours
     if workers > 0:
         pipelines[ZERO_COPY] = zero_copy

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from torchfeed._pil import decode_rgb, read_bytes
 from torchfeed._pipeline_bench.agreement import decodable
@@ -133,8 +133,8 @@ def stage_breakdown(
         },
         {
             "stage": "collate + worker -> main transfer",
-            "baseline_ms": _collate_transfer_ms(
-                [(t, 0) for t in transformed], None, len(files), repeat
+            "baseline_ms": _collate_transfer_ms(  # named: torchfeed.loader's own recycles
+                [(t, 0) for t in transformed], default_collate, len(files), repeat
             ),
             "torchfeed_ms": _collate_transfer_ms(
                 images_with_labels, ImageCollate(0), len(files), repeat

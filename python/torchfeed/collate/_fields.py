@@ -18,7 +18,6 @@ from torchfeed.memory import SharedRing, _recycled
 __all__ = [
     "LABEL_FIELDS",
     "LABEL_PAD",
-    "RingDefaultCollate",
     "as_sequences",
     "collate_field",
     "field_kind",
@@ -125,27 +124,6 @@ def private_collate(values: list) -> Any:
     worker, which a zero-copy or recycled batch replaces with its own): the same batch, nested
     fields included."""
     return collate(values, collate_fn_map=_PRIVATE_COLLATE)
-
-
-class RingDefaultCollate:
-    """``default_collate`` for a zero-copy loader given no ``collate_fn`` (as a DataLoader
-    defaults to it): the same batch, which inside a worker is written into ``shared_ring``
-    rather than into a fresh shared-memory file per tensor."""
-
-    def __init__(self, shared_ring: SharedRing | None = None) -> None:
-        self.shared_ring = shared_ring
-
-    def with_shared_ring(self, shared_ring: SharedRing | None) -> RingDefaultCollate:
-        return RingDefaultCollate(shared_ring)
-
-    def __call__(self, batch: list) -> Any:
-        return leave_worker(
-            lambda private: private_collate(batch) if private else default_collate(batch),
-            self.shared_ring,
-        )
-
-    def __repr__(self) -> str:
-        return "RingDefaultCollate()"
 
 
 def collate_field(key: Hashable, values: list, private: bool = False) -> Any:
