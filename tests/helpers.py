@@ -91,3 +91,24 @@ def text_sample(i: int, longest: int = 11, label_lists: bool = False) -> dict:
         "text": f"sample {i}",
         "meta": None,
     }
+
+
+def same_batch(a, b) -> None:
+    """``a`` is ``b``'s type (a plain dict, tuple, list, namedtuple: never a recycled one) with
+    equal contents: tensors of the same dtype, shape and values, RaggedBatch tensors alike."""
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(b, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif hasattr(b, "tensors"):  # a RaggedBatch
+        x, y = list(a.tensors()), list(b.tensors())
+        assert all(torch.equal(p, q) and p.dtype == q.dtype for p, q in zip(x, y, strict=True))
+    elif isinstance(b, dict):
+        assert list(a) == list(b)
+        for k in b:
+            same_batch(a[k], b[k])
+    elif isinstance(b, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            same_batch(x, y)
+    else:
+        assert a == b

@@ -16,6 +16,8 @@ import torchfeed
 from torchfeed import DefaultCollate, ResumableLoader
 from torchfeed.memory import _recycled
 
+from helpers import same_batch as same
+
 Pair = collections.namedtuple("Pair", "ids flag")
 IMAGE = (3, 40, 48)  # a float image of 23 KB: a batch of 5 is past the 64 KiB of small fields
 
@@ -66,24 +68,6 @@ class Kind(Dataset):
         return image
 
 
-def same(a, b) -> None:
-    """``a`` and ``b`` are the same batch: the same types (plain ones), values, dtypes, shapes."""
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(b, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-        assert a.is_contiguous()
-    elif isinstance(b, dict):
-        assert list(a) == list(b)
-        for k in b:
-            same(a[k], b[k])
-    elif isinstance(b, list | tuple):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            same(x, y)
-    else:
-        assert a == b
-
-
 def recycled(t: torch.Tensor) -> bool:
     # the ordinary path's tensors arrive in torch's shared-memory storages; a recycled batch's
     # view its worker's memory through a mapping of this process's own
@@ -104,7 +88,7 @@ def test_the_batches_are_default_collates_written_into_reused_memory(context, pe
     assert len(ours) == len(plain) == 10
     for a, b in zip(ours, plain, strict=True):
         same(a, b)
-    assert all(recycled(b["image"]) for b in ours)
+    assert all(recycled(b["image"]) and b["image"].is_contiguous() for b in ours)
     assert not any(recycled(b["image"]) for b in plain)  # (the check tells the two apart)
 
 

@@ -17,10 +17,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from torchfeed import PadCollate, RaggedBatch
+from torchfeed import PadCollate
 from torchfeed._tree import tensors_of
 from torchfeed.memory import _recycled
 
+from helpers import same_batch as same
 from helpers import text_sample
 
 
@@ -69,27 +70,6 @@ def in_recycled_memory(t: torch.Tensor) -> bool:
 
 def leaves(batch) -> list[torch.Tensor]:
     return [t for t in tensors_of(batch) if isinstance(t, torch.Tensor)]
-
-
-def same(a, b) -> None:
-    """``a`` is ``b``'s type (a plain dict, tuple, list, namedtuple: never a recycled one) with
-    equal contents."""
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(b, RaggedBatch):
-        x, y = list(a.tensors()), list(b.tensors())
-        assert all(torch.equal(p, q) and p.dtype == q.dtype for p, q in zip(x, y, strict=True))
-    elif isinstance(b, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    elif isinstance(b, dict):
-        assert list(a) == list(b)
-        for k in b:
-            same(a[k], b[k])
-    elif isinstance(b, list | tuple):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            same(x, y)
-    else:
-        assert a == b
 
 
 def batch_of(data: Dataset, b: int) -> list:
