@@ -184,7 +184,7 @@ def test_only_plain_cpu_tensors_of_one_shape_and_dtype_are_written_lazily():
     from torchvision import tv_tensors
 
     from torchfeed._tree import Lazy
-    from torchfeed.collate._default import lazy_collate
+    from torchfeed.collate._fields import lazy_collate
 
     plain = [torch.full((2, 3), float(i)) for i in range(4)]
     lazy = lazy_collate(plain)

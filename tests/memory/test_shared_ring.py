@@ -133,17 +133,22 @@ def test_without_a_collate_fn_the_batches_are_default_collates(context):
     assert repr(dl.collate_fn) == "DefaultCollate()"
 
 
-def test_private_collate_is_default_collate_in_private_memory():
+def test_lazy_collate_once_written_is_default_collate():
     from torch.utils.data import default_collate
 
-    from torchfeed.collate._fields import private_collate
+    from torchfeed._tree import Lazy, map_tensors
+    from torchfeed.collate._fields import lazy_collate
+
+    def written(batch):
+        return map_tensors(batch, lambda leaf: leaf.make(), lambda x: isinstance(x, Lazy))
 
     samples = [Nested()[i] for i in range(3)]
-    assert same(private_collate(samples), default_collate(samples))
-    assert same(
-        private_collate([(1, 2.5, True), (3, 4.5, False)]),
-        default_collate([(1, 2.5, True), (3, 4.5, False)]),
-    )
+    lazy = lazy_collate(samples)
+    # every stacked tensor waits for its region, the nested ones too
+    assert isinstance(lazy["pixel_values"], Lazy) and isinstance(lazy["extra"]["pair"][1], Lazy)
+    assert same(written(lazy), default_collate(samples))
+    numbers = [(1, 2.5, True), (3, 4.5, False)]
+    assert same(lazy_collate(numbers), default_collate(numbers))
 
 
 def test_regions_are_released_and_reused():

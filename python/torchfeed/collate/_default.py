@@ -6,51 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import Tensor
 from torch.utils.data import default_collate
-from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
 from torchfeed._options import check_bool
-from torchfeed._tree import Lazy
-from torchfeed.collate._fields import leave_worker
+from torchfeed.collate._fields import lazy_collate, leave_worker
 from torchfeed.memory import SharedRing
 
-__all__ = ["DefaultCollate", "lazy_collate"]
-
-
-def _lazy_stack(batch: list[Tensor], *, collate_fn_map: Any = None) -> Tensor | Lazy:
-    """A tensor field stacked as ``default_collate`` stacks it, as a :class:`Lazy` buffer that
-    ``torch.stack`` writes straight into the region the batch crosses in. Tensors that are not
-    plain CPU tensors of one shape and dtype (a subclass, another device, a tensor that requires
-    grad; shapes that differ, for which ``torch.stack`` raises its usual error) are stacked now,
-    in private memory, and copied where the batch goes."""
-    first = batch[0]
-    shape = (len(batch), *first.shape)
-    if all(
-        type(t) is Tensor
-        and t.device.type == "cpu"
-        and t.layout == torch.strided
-        and not t.requires_grad
-        and t.dtype == first.dtype
-        and t.shape == first.shape
-        for t in batch
-    ):
-        return Lazy(
-            first.dtype, shape, lambda out: torch.stack(batch, out=out), lambda: torch.stack(batch)
-        )
-    return torch.stack(batch, 0)
-
-
-# default_collate's rules (numbers, strings, numpy arrays, nested dicts, lists, tuples and
-# namedtuples), with its stacked tensors written where the batch goes
-_LAZY_COLLATE = {**default_collate_fn_map, Tensor: _lazy_stack}
-
-
-def lazy_collate(samples: list) -> Any:
-    """``default_collate(samples)`` with each stacked tensor a :class:`Lazy` buffer (the same
-    batch once written)."""
-    return collate(samples, collate_fn_map=_LAZY_COLLATE)
+__all__ = ["DefaultCollate"]
 
 
 class DefaultCollate:
@@ -86,7 +48,6 @@ class DefaultCollate:
             lambda lazy: lazy_collate(batch) if lazy else default_collate(batch),
             self.shared_ring,
             self.recycle,
-            lazy=True,
         )
 
     def __repr__(self) -> str:

@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
+from torchfeed._tree import Lazy, tensors_of
 from torchfeed.memory import SharedRing, _recycled
 
 __all__ = [
@@ -22,8 +23,8 @@ __all__ = [
     "collate_field",
     "field_kind",
     "is_sequence",
+    "lazy_collate",
     "leave_worker",
-    "private_collate",
 ]
 
 _NUMBER = (bool, int, float, np.number, np.bool_)
@@ -111,25 +112,47 @@ def _check_kind(key: Hashable, values: Sequence[Any]) -> str:
     return kind
 
 
-def _stack(batch: list[Tensor], *, collate_fn_map: Any = None) -> Tensor:
+def _lazy_stack(batch: list[Tensor], *, collate_fn_map: Any = None) -> Tensor | Lazy:
+    """A tensor field stacked as ``default_collate`` stacks it, as a :class:`Lazy` buffer that
+    ``torch.stack`` writes straight into the region the batch crosses in. Tensors that are not
+    plain CPU tensors of one shape and dtype (a subclass, another device, a tensor that requires
+    grad; shapes that differ, for which ``torch.stack`` raises its usual error) are stacked now,
+    in private memory, and copied where the batch goes."""
+    first = batch[0]
+    shape = (len(batch), *first.shape)
+    if all(
+        type(t) is Tensor
+        and t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.requires_grad
+        and t.dtype == first.dtype
+        and t.shape == first.shape
+        for t in batch
+    ):
+        return Lazy(
+            first.dtype, shape, lambda out: torch.stack(batch, out=out), lambda: torch.stack(batch)
+        )
     return torch.stack(batch, 0)
 
 
-# default_collate's rules, with tensors stacked in private memory at every depth
-_PRIVATE_COLLATE = {**default_collate_fn_map, Tensor: _stack}
+# default_collate's rules (numbers, strings, numpy arrays, nested dicts, lists, tuples and
+# namedtuples), with its stacked tensors written where the batch goes
+_LAZY_COLLATE = {**default_collate_fn_map, Tensor: _lazy_stack}
 
 
-def private_collate(values: list) -> Any:
-    """default_collate in private memory (default_collate allocates shared memory inside a
-    worker, which a zero-copy or recycled batch replaces with its own): the same batch, nested
-    fields included."""
-    return collate(values, collate_fn_map=_PRIVATE_COLLATE)
+def lazy_collate(samples: list) -> Any:
+    """``default_collate(samples)`` with each stacked tensor a :class:`Lazy` buffer (the same
+    batch once written), for a batch that crosses in a ring's region: nothing is stacked in
+    memory of its own first, nor in a fresh shared-memory file, as ``default_collate`` stacks
+    inside a worker."""
+    return collate(samples, collate_fn_map=_LAZY_COLLATE)
 
 
-def collate_field(key: Hashable, values: list, private: bool = False) -> Any:
+def collate_field(key: Hashable, values: list, lazy: bool = False) -> Any:
     """A field that is not padded: tensors and arrays stacked (shapes, dtypes and devices must
     agree), numbers to a tensor, nested values through ``default_collate``, anything else kept
-    as a list. ``private``: allocate in private memory (for a zero-copy batch)."""
+    as a list. ``lazy``: stacked tensors as :class:`Lazy` buffers (:func:`lazy_collate`), for a
+    batch written into a ring's region."""
     kind = _check_kind(key, values)
     if kind == "tensor":
         tensors = [torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in values]
@@ -138,14 +161,14 @@ def collate_field(key: Hashable, values: list, private: bool = False) -> Any:
             _explain_mismatch(key, tensors)
         try:
             # default_collate stacks straight into shared memory inside a worker process.
-            return torch.stack(tensors) if private else default_collate(tensors)
+            return _lazy_stack(tensors) if lazy else default_collate(tensors)
         except RuntimeError:  # shapes or devices differ: say which sample, in our words
             _explain_mismatch(key, tensors)
             raise
     if kind == "number":
-        return private_collate(values) if private else default_collate(values)
+        return default_collate(values)  # a new tensor of the numbers, never shared memory
     if kind == "nested":
-        return default_collate(values)
+        return lazy_collate(values) if lazy else default_collate(values)
     return list(values)
 
 
@@ -169,21 +192,26 @@ def leave_worker(
     collate: Callable[[bool], Any],
     shared_ring: SharedRing | None = None,
     recycle: bool = False,
-    lazy: bool = False,
 ) -> Any:
-    """A collate's batch in the form it leaves the process it is made in. ``collate(private)``
-    makes it; ``private`` keeps fixed fields out of the worker's shared memory, for a batch that
-    is copied once more anyway. Outside a DataLoader worker: ``collate(False)``. In one: packed
-    into ``shared_ring`` when given (zero copy); else, with ``recycle``, a dict, list, tuple or
-    namedtuple batch is written into the worker's recycled memory; else ``collate(False)``.
-    ``lazy``: ``collate(True)`` may hold :class:`~torchfeed._tree.Lazy` buffers, written once
-    their memory is known, so a batch that cannot cross recycled (no room now, or a type that
-    cannot) is made afresh by ``collate(False)``."""
+    """A collate's batch in the form it leaves the process it is made in. ``collate(lazy)``
+    makes it; with ``lazy`` it may hold :class:`~torchfeed._tree.Lazy` buffers, written once
+    their memory is known, so that nothing is stacked twice. Outside a DataLoader worker:
+    ``collate(False)``. In one: packed into ``shared_ring`` when given (zero copy); else, with
+    ``recycle``, a dict, list, tuple or namedtuple batch is written into the worker's recycled
+    memory; else ``collate(False)``. A batch that cannot cross recycled (no room now, or a type
+    that cannot) is made afresh by ``collate(False)`` when it holds a buffer not yet written,
+    and leaves as it is when it holds none."""
     if get_worker_info() is not None:
         if shared_ring is not None:
             return shared_ring.pack(collate(True))
         if recycle:
-            private = collate(True)
-            recycled = _recycled.recycle_batch(private)
-            return collate(False) if lazy and recycled is private else recycled
+            lazy = collate(True)
+            recycled = _recycled.recycle_batch(lazy)
+            if recycled is not lazy:
+                return recycled
+            return collate(False) if _holds_lazy(lazy) else lazy
     return collate(False)
+
+
+def _holds_lazy(batch: Any) -> bool:
+    return bool(tensors_of(batch, lambda x: isinstance(x, Lazy)))

@@ -14,7 +14,7 @@ from torch.utils.data import default_collate
 from torchfeed._packing import Layout, check_layout, image_shapes, storage_views
 from torchfeed._pil import OP_IMAGE_TYPES, as_op_image
 from torchfeed._tree import Lazy, concat
-from torchfeed.collate._fields import leave_worker, private_collate
+from torchfeed.collate._fields import lazy_collate, leave_worker
 from torchfeed.images import RaggedImages
 from torchfeed.memory import SharedRing
 
@@ -103,7 +103,8 @@ class ImageCollate:
     batch transform, or ``torchfeed.fuse`` of a v2 Compose whose steps all fuse.
 
     In an ordinary DataLoader's workers, ``recycle=True`` (the default) packs the batch (the
-    images, or the transform's output, with the other fields beside them) into shared memory
+    images, or the transform's output, with the other fields beside them, each written there
+    once) into shared memory
     each worker reuses, batch after batch, rather than a fresh shared-memory file per tensor and
     batch: the main process gets a batch viewing it, and the memory goes back to the worker when
     that batch is freed. Fields of at most 64 KiB (labels) arrive as copies of their own, so
@@ -154,18 +155,16 @@ class ImageCollate:
         # labels beside them, where the ordinary path takes a fresh shared-memory file per
         # tensor. A batch that cannot cross recycled (no room now; bare images, a RaggedImages
         # alone) takes the ordinary path, its images in memory of their own.
-        return leave_worker(
-            lambda lazy: self._collate(batch, lazy), self.shared_ring, self.recycle, lazy=True
-        )
+        return leave_worker(lambda lazy: self._collate(batch, lazy), self.shared_ring, self.recycle)
 
     def _collate(self, batch: Sequence[Any], lazy: bool) -> Any:
         """The batch, with ``lazy``: its images (or the transform's output) as buffers written
-        once their memory is known (a ring's region) and the other fields in private memory."""
+        once their memory is known (a ring's region), and the other fields' tensors too."""
         if self.transform is not None:
             pack_tensors = self._lazy_transformed if lazy else self._transformed
         else:
             pack_tensors = _lazy_images if lazy else self._packed
-        other = private_collate if lazy else default_collate
+        other = lazy_collate if lazy else default_collate
         hwc = self.layout == "HWC"
 
         def pack_images(images: Sequence[Any], layout: Layout) -> Any:

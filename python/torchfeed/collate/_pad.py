@@ -69,9 +69,10 @@ class PadCollate:
     memory each worker reuses, batch after batch, instead of a fresh shared-memory file per
     tensor: the main process gets a plain dict (tuple, list, namedtuple) whose tensors view that
     memory, which goes back to the worker once they are freed (as
-    :class:`~torchfeed.ImageCollate` does). When the consumer keeps many batches, or the batch is
-    changed in the worker after this collate, it takes the ordinary path; ``recycle=False``
-    always does.
+    :class:`~torchfeed.ImageCollate` does). The fields it does not pad (labels, an image beside
+    the tokens, nested dicts) are stacked straight into that memory, never in memory of their
+    own first. When the consumer keeps many batches, or the batch is changed in the worker after
+    this collate, it takes the ordinary path; ``recycle=False`` always does.
     """
 
     def __init__(
@@ -243,11 +244,9 @@ class PadCollate:
         )
 
     def __call__(self, batch: Sequence[Any]) -> Any:
-        return leave_worker(
-            lambda private: self._collate(batch, private), self.shared_ring, self.recycle
-        )
+        return leave_worker(lambda lazy: self._collate(batch, lazy), self.shared_ring, self.recycle)
 
-    def _collate(self, batch: Sequence[Any], private: bool) -> Any:
+    def _collate(self, batch: Sequence[Any], lazy: bool) -> Any:
         if not isinstance(batch, Sequence) or isinstance(batch, str | bytes):
             raise TypeError(
                 f"PadCollate: batch must be a list of samples, got {type(batch).__name__}"
@@ -260,10 +259,10 @@ class PadCollate:
             return self._ragged_field(None, list(batch))
         if isinstance(first, Mapping):
             self._check_kinds(batch, Mapping, "a dict")
-            return self._collate_dicts(batch, private)
+            return self._collate_dicts(batch, lazy)
         if isinstance(first, tuple | list):
             self._check_kinds(batch, tuple | list, "a tuple or list")
-            return self._collate_tuples(batch, private)
+            return self._collate_tuples(batch, lazy)
         raise TypeError(
             "PadCollate: samples must be dicts, tuples/lists or tensors, got "
             f"{type(first).__name__}"
@@ -277,7 +276,7 @@ class PadCollate:
                     f"PadCollate: sample 0 is {what} but sample {i} is {type(sample).__name__}"
                 )
 
-    def _collate_dicts(self, batch: Sequence[Mapping], private: bool) -> dict:
+    def _collate_dicts(self, batch: Sequence[Mapping], lazy: bool) -> dict:
         keys = list(batch[0].keys())
         key_set = set(keys)
         for i, sample in enumerate(batch):
@@ -302,7 +301,7 @@ class PadCollate:
         for key in keys:
             values = [sample[key] for sample in batch]
             if key not in ragged:
-                out[key] = collate_field(key, values, private)
+                out[key] = collate_field(key, values, lazy)
                 continue
             result = self._ragged_field(key, values)
             if self.packed:
@@ -348,7 +347,7 @@ class PadCollate:
             stacklevel=7,  # the caller of PadCollate(): 6 frames up (leave_worker's 2 among them)
         )
 
-    def _collate_tuples(self, batch: Sequence[Sequence], private: bool) -> Any:
+    def _collate_tuples(self, batch: Sequence[Sequence], lazy: bool) -> Any:
         width = len(batch[0])
         for i, sample in enumerate(batch):
             if len(sample) != width:
@@ -367,7 +366,7 @@ class PadCollate:
             if j in ragged:
                 fields.append(self._ragged_field(j, values))
             else:
-                fields.append(collate_field(j, values, private))
+                fields.append(collate_field(j, values, lazy))
         sample = batch[0]
         if isinstance(sample, tuple) and hasattr(sample, "_fields"):  # namedtuple
             return type(sample)(*fields)

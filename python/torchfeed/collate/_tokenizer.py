@@ -101,10 +101,10 @@ class TokenizerCollate:
 
     def __call__(self, features: Sequence[Mapping]) -> Any:
         return leave_worker(
-            lambda private: self._collate(features, private), self.shared_ring, self.recycle
+            lambda lazy: self._collate(features, lazy), self.shared_ring, self.recycle
         )
 
-    def _collate(self, features: Sequence[Mapping], private: bool) -> dict:
+    def _collate(self, features: Sequence[Mapping], lazy: bool) -> dict:
         if not features or not all(isinstance(f, Mapping) for f in features):
             raise TypeError("the tokenizer collate takes a non-empty list of dicts (features)")
         samples = [_renamed(f) for f in features]
@@ -122,7 +122,7 @@ class TokenizerCollate:
             elif all(isinstance(v, bool | int | float | np.number) for v in values):
                 out[key] = torch.tensor(values)  # as transformers' BatchEncoding makes them
             else:
-                out[key] = collate_field(key, values, private)
+                out[key] = collate_field(key, values, lazy)
         # transformers' order: the features' keys, the attention mask it made, then the labels
         # (renamed from label / label_ids)
         labels = out.pop("labels", None)
@@ -174,7 +174,7 @@ class FlatteningCollate:
         self.flash_attn_kwargs = flash_attn_kwargs
 
     def __call__(self, features: Sequence[Mapping]) -> dict:
-        return leave_worker(lambda _private: self._flatten(features), recycle=self.recycle)
+        return leave_worker(lambda _lazy: self._flatten(features), recycle=self.recycle)
 
     def _flatten(self, features: Sequence[Mapping]) -> dict:
         if not features or not all(isinstance(f, Mapping) for f in features):
