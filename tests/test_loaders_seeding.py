@@ -163,3 +163,114 @@ def test_each_sample_is_seeded_from_seed_epoch_and_index(workers, monkeypatch):
         ds.set_epoch(epoch)
         got = [s for batch in dl for s in batch]  # 64-bit seeds: kept as ints
         assert got == [derive_seed(2**40 + 7, epoch, i, 0) for i in range(10)]
+
+
+# A dataset with a batched read of its own (__getitems__, as a Hugging Face dataset has): read
+# with it when the read draws nothing, else sample by sample, seeded.
+
+DRAWS = {
+    "nothing": lambda: 0.0,
+    "torch": lambda: torch.rand(()).item(),
+    "numpy": lambda: float(np.random.rand()),
+    "numpy gaussian": lambda: float(np.random.randn()),
+    "random": random.random,
+    "random shuffle": lambda: float(random.sample(range(100), 1)[0]),
+}
+
+
+class Batched(Dataset):
+    """Sample i is (i, a draw); ``__getitems__`` reads several at once and marks them."""
+
+    def __init__(self, draw="nothing", n=N):
+        self.draw, self.n, self.batched_reads = draw, n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i, DRAWS[self.draw](), "one"
+
+    def __getitems__(self, indices):
+        self.batched_reads += 1
+        return [(i, DRAWS[self.draw](), "batched") for i in indices]
+
+
+def generator_states():
+    return (torch.get_rng_state(), np.random.get_state()[1].copy(), np.random.get_state()[2:],
+            random.getstate())  # fmt: skip
+
+
+def same_states(a, b):
+    return torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2:] == b[2:]
+
+
+def test_a_batched_read_that_draws_nothing_is_the_read():
+    ds = SeedPerSample(Batched(), seed=5)
+    np.random.randn()  # a cached gaussian in the main process's numpy, kept as it is
+    before = generator_states()
+    for start in (0, 8, 16):
+        batch = ds.__getitems__(list(range(start, start + 8)))
+        assert batch == [(i, 0.0, "batched") for i in range(start, start + 8)]
+    assert ds.dataset.batched_reads == 3
+    assert same_states(before, generator_states())
+
+
+@pytest.mark.parametrize("draw", [d for d in DRAWS if d != "nothing"])
+def test_a_batched_read_that_draws_is_read_again_sample_by_sample(draw):
+    ds = SeedPerSample(Batched(draw), seed=5)
+    before = generator_states()
+    first = ds.__getitems__([3, 9, 4])
+    later = ds.__getitems__([10, 11])
+    # the draws seed_sample gives each sample, whoever reads it
+    assert first == [ds[i] for i in (3, 9, 4)] and later == [ds[10], ds[11]]
+    assert [s[2] for s in first + later] == ["one"] * 5
+    assert len({s[1] for s in first + later}) == 5
+    assert ds.dataset.batched_reads == 1  # found once, then never tried again
+    assert same_states(before, generator_states())
+
+
+def test_a_falsy_batched_read_is_not_called():
+    data = Batched()
+    data.__getitems__ = None  # the DataLoader's own test: hasattr and truthiness
+    ds = SeedPerSample(data, seed=5)
+    assert ds.__getitems__([1, 2]) == [(1, 0.0, "one"), (2, 0.0, "one")]
+
+
+@pytest.mark.parametrize("layout", ["the key first", "another"])
+def test_draws_are_found_with_numpys_state_read_either_way(monkeypatch, layout):
+    from torchfeed.data import _seeding
+
+    if layout == "another":  # the bytes at the state address are not the key: the whole state
+        monkeypatch.setattr(_seeding.ctypes, "string_at", lambda address, size: bytes(size))
+    reader = _seeding._numpy_key_reader()
+    assert reader.__name__ == ("fast" if layout == "the key first" else "slow")
+    monkeypatch.setattr(_seeding, "_probe", {})
+    saved = _seeding._generator_states()
+    try:
+        for draw in ("torch", "numpy", "numpy gaussian", "random"):
+            _seeding._seed_probe()
+            assert not _seeding._drew_since_probe()
+            DRAWS[draw]()
+            assert _seeding._drew_since_probe(), draw
+    finally:
+        _seeding._set_generator_states(saved)
+
+
+@pytest.mark.parametrize("draw", ["nothing", "torch", "numpy"])
+def test_through_the_loader_a_batched_dataset_draws_what_one_read_by_index_draws(draw):
+    def read(data, workers):
+        fork = {"multiprocessing_context": "fork"} if workers else {}
+        dl = torchfeed.loader(data, batch_size=6, num_workers=workers, collate_fn=collate,
+                              seed_samples=3, **fork)  # fmt: skip
+        return [s for b in dl for s in b]
+
+    by_index = read(ReadByIndex(draw), 0)
+    assert {s[2] for s in by_index} == {"one"}
+    for workers in (0, 2):
+        got = read(Batched(draw), workers)
+        assert [s[:2] for s in got] == [s[:2] for s in by_index]
+        assert {s[2] for s in got} == ({"batched"} if draw == "nothing" else {"one"})
+
+
+class ReadByIndex(Batched):
+    __getitems__ = None  # type: ignore[assignment]

@@ -4,12 +4,15 @@ a resume), and rank- and worker-aware streams (:class:`WorkerSeeder`)."""
 
 from __future__ import annotations
 
+import ctypes
+import pickle
 import random
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+from numpy.random import mtrand
 from torch.utils.data import Dataset, get_worker_info
 
 from torchfeed.data._distributed import rank_and_world_size
@@ -46,6 +49,88 @@ def _seed_generators(s: int) -> None:
     random.seed(s)
 
 
+def _generator_states() -> tuple[Any, ...]:
+    return torch.default_generator.get_state(), np.random.get_state(), random.getstate()
+
+
+def _set_generator_states(states: tuple[Any, ...]) -> None:
+    torch.default_generator.set_state(states[0])
+    np.random.set_state(states[1])
+    random.setstate(states[2])
+
+
+# Whether a read drew from the three generators: seed them with _PROBE_SEED, read, and compare
+# their states with what that seed leaves. After seeding, the first draw of any of them
+# regenerates its whole Mersenne Twister key (and numpy's seeding drops its cached gaussian, so
+# a legacy gaussian draws too), so comparing torch's state, numpy's key and random's state
+# catches any draw.
+_PROBE_SEED = 0x5EED_0F_DA7A
+_probe: dict[str, Any] = {}  # per process: numpy's key reader, the seeded states
+
+
+def _numpy_key_reader() -> Callable[[], bytes]:
+    """Reads the state of numpy's global generator: the bytes of its MT19937 key, through the
+    bit generator's public ``ctypes.state_address`` (0.5 us; the key leads the state struct),
+    when a self-test shows they are the key; else its whole state pickled (30-40 us)."""
+    bit_generator = mtrand.get_bit_generator()
+
+    def slow() -> bytes:
+        return pickle.dumps(mtrand.get_bit_generator().state)
+
+    try:
+        address = bit_generator.ctypes.state_address
+    except (AttributeError, TypeError, ValueError):
+        return slow
+
+    def fast() -> bytes:
+        if mtrand.get_bit_generator() is not bit_generator:  # np.random.set_bit_generator
+            return slow()
+        return ctypes.string_at(address, 624 * 4)
+
+    def key() -> bytes:
+        return bit_generator.state["state"]["key"].tobytes()
+
+    saved = np.random.get_state()  # with the legacy generator's cached gaussian
+    try:
+        np.random.seed(1)
+        one = fast()
+        ok = one == key()
+        np.random.random()
+        ok = ok and fast() == key() != one
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    finally:
+        np.random.set_state(saved)
+    return fast if ok else slow
+
+
+def _probe_states() -> tuple[bytes, bytes, tuple[int, ...]]:
+    """What the three generators' states are, in the form _drew_since_probe compares: torch's
+    and numpy's bytes; of ``random``'s, three key words and the position (seeded, the position
+    is at the key's end, and the first draw regenerates the key: 9 us, against 15 us for the
+    whole state compared)."""
+    key = random.getstate()[1]
+    return (
+        torch.default_generator.get_state().numpy().tobytes(),
+        _probe["numpy_key"](),
+        (key[0], key[1], key[623], key[-1]),
+    )
+
+
+def _seed_probe() -> None:
+    """Seeds the three generators with _PROBE_SEED (the first time in a process, also learns
+    what states that leaves)."""
+    if not _probe:
+        _probe["numpy_key"] = _numpy_key_reader()
+        _seed_generators(_PROBE_SEED)
+        _probe["seeded"] = _probe_states()
+    _seed_generators(_PROBE_SEED)
+
+
+def _drew_since_probe() -> bool:
+    return _probe_states() != _probe["seeded"]
+
+
 def seed_sample(seed: int, epoch: int, index: int, sample: int = 0) -> None:
     """Seeds torch's CPU generator, numpy's global generator and ``random`` for one sample from
     what it is (the seed, the epoch, its index and its place within it), not from where it is
@@ -64,8 +149,10 @@ class SeedPerSample(Dataset):
     (``seed_samples=``) and sets its epoch; ``set_epoch`` reaches persistent workers (shared
     memory). In the main process (``num_workers=0``) the three generators' states are restored
     after each sample, so the training loop's own draws are not disturbed (that costs about
-    0.1 ms a sample, numpy's state the most); in a worker it costs about 10 us a sample.
-    Other attributes are the wrapped dataset's."""
+    0.1 ms a sample, numpy's state the most); in a worker it costs about 10 us a sample. A
+    dataset with a batched read of its own (``__getitems__``, as a Hugging Face dataset has) is
+    read with it while that read draws nothing (about 20 us a batch to tell), and sample by
+    sample, seeded, once it is seen to draw. Other attributes are the wrapped dataset's."""
 
     def __init__(self, dataset: Any, seed: int = 0) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -109,17 +196,34 @@ class SeedPerSample(Dataset):
         if get_worker_info() is not None:
             _seed_generators(self._sample_seed(int(index)))
             return self.dataset[index]
-        saved = torch.default_generator.get_state(), np.random.get_state(), random.getstate()
+        saved = _generator_states()
         try:
             _seed_generators(self._sample_seed(int(index)))
             return self.dataset[index]
         finally:
-            torch.default_generator.set_state(saved[0])
-            np.random.set_state(saved[1])
-            random.setstate(saved[2])
+            _set_generator_states(saved)
 
-    def __getitems__(self, indices: list[int]) -> list[Any]:
-        # a dataset's own batched read would skip the seeding: each sample is read by itself
+    def __getitems__(self, indices: list[int]) -> Any:
+        """The DataLoader's batched read. A dataset with one of its own (``__getitems__``: a
+        Hugging Face dataset reads a batch as one slice of its table, 2-3x faster than row by
+        row) is read with it, with the generators seeded alike for every batch, when that read
+        draws nothing from them. A batch whose read drew is read again one seeded sample at a
+        time, as every later batch in this process is. Either way a sample's draws are those
+        :func:`seed_sample` gives it."""
+        batched = getattr(self.dataset, "__getitems__", None)
+        if not batched or self.__dict__.get("_draws"):
+            return [self[i] for i in indices]
+        saved = None if get_worker_info() is not None else _generator_states()
+        try:
+            _seed_probe()
+            batch = batched(indices)
+            drew = _drew_since_probe()
+        finally:
+            if saved is not None:  # the main process's own draws stay undisturbed
+                _set_generator_states(saved)
+        if not drew:
+            return batch
+        self.__dict__["_draws"] = True
         return [self[i] for i in indices]
 
     def __getattr__(self, name: str) -> Any:
