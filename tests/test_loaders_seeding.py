@@ -274,3 +274,20 @@ def test_through_the_loader_a_batched_dataset_draws_what_one_read_by_index_draws
 
 class ReadByIndex(Batched):
     __getitems__ = None  # type: ignore[assignment]
+
+
+def drawing_collate(batch):
+    # a random transform in the worker, after the read: draws from the worker's generator
+    return batch, torch.rand(()).item()
+
+
+@pytest.mark.parametrize("draw", ["nothing", "torch"])
+def test_a_collate_drawing_after_a_batched_read_draws_what_it_drew_after_reads_by_index(draw):
+    def read(data):
+        dl = torchfeed.loader(data, batch_size=6, num_workers=2, collate_fn=drawing_collate,
+                              seed_samples=3, multiprocessing_context="fork")  # fmt: skip
+        return [(tuple(s[:2] for s in b), d) for b, d in dl]
+
+    by_index, batched = read(ReadByIndex(draw)), read(Batched(draw))
+    assert batched == by_index
+    assert len({d for _, d in batched}) == len(batched)  # a draw of its own for every batch

@@ -207,9 +207,11 @@ class SeedPerSample(Dataset):
         """The DataLoader's batched read. A dataset with one of its own (``__getitems__``: a
         Hugging Face dataset reads a batch as one slice of its table, 2-3x faster than row by
         row) is read with it, with the generators seeded alike for every batch, when that read
-        draws nothing from them. A batch whose read drew is read again one seeded sample at a
-        time, as every later batch in this process is. Either way a sample's draws are those
-        :func:`seed_sample` gives it."""
+        draws nothing from them; the generators are then left as reading sample by sample
+        leaves them (seeded for the last sample). A batch whose read drew is read again one
+        seeded sample at a time, as every later batch in this process is. Either way a sample's
+        draws are those :func:`seed_sample` gives it, and what the worker draws next (a
+        collate's random transform) is what it drew after reads by index."""
         batched = getattr(self.dataset, "__getitems__", None)
         if not batched or self.__dict__.get("_draws"):
             return [self[i] for i in indices]
@@ -218,6 +220,10 @@ class SeedPerSample(Dataset):
             _seed_probe()
             batch = batched(indices)
             drew = _drew_since_probe()
+            if not drew and indices:
+                # left as reading sample by sample leaves them: seeded for the last sample, so
+                # what the worker draws next (a collate's random transform) differs by batch
+                _seed_generators(self._sample_seed(int(indices[-1])))
         finally:
             if saved is not None:  # the main process's own draws stay undisturbed
                 _set_generator_states(saved)
