@@ -182,7 +182,7 @@ class Batched(Dataset):
     """Sample i is (i, a draw); ``__getitems__`` reads several at once and marks them."""
 
     def __init__(self, draw="nothing", n=N):
-        self.draw, self.n, self.batched_reads = draw, n, 0
+        self.draw, self.n, self.batched_reads = draw, n, []
 
     def __len__(self):
         return self.n
@@ -191,7 +191,7 @@ class Batched(Dataset):
         return i, DRAWS[self.draw](), "one"
 
     def __getitems__(self, indices):
-        self.batched_reads += 1
+        self.batched_reads.append(list(indices))
         return [(i, DRAWS[self.draw](), "batched") for i in indices]
 
 
@@ -211,7 +211,13 @@ def test_a_batched_read_that_draws_nothing_is_the_read():
     for start in (0, 8, 16):
         batch = ds.__getitems__(list(range(start, start + 8)))
         assert batch == [(i, 0.0, "batched") for i in range(start, start + 8)]
-    assert ds.dataset.batched_reads == 3
+    # the first batch read its first sample alone (a dataset that draws reads one sample twice)
+    assert ds.dataset.batched_reads == [
+        [0],
+        list(range(1, 8)),
+        list(range(8, 16)),
+        list(range(16, 24)),
+    ]
     assert same_states(before, generator_states())
 
 
@@ -225,8 +231,27 @@ def test_a_batched_read_that_draws_is_read_again_sample_by_sample(draw):
     assert first == [ds[i] for i in (3, 9, 4)] and later == [ds[10], ds[11]]
     assert [s[2] for s in first + later] == ["one"] * 5
     assert len({s[1] for s in first + later}) == 5
-    assert ds.dataset.batched_reads == 1  # found once, then never tried again
+    assert ds.dataset.batched_reads == [[3]]  # one sample read twice, then never tried again
     assert same_states(before, generator_states())
+
+
+@pytest.mark.parametrize("draw", ["nothing", "torch"])
+def test_a_subset_which_passes_batches_on_draws_what_reads_by_index_draw(draw):
+    # torch's Subset has __getitems__ whatever it wraps: a random_split of a dataset read by
+    # index is read through it
+    subset = torch.utils.data.Subset(ReadByIndex(draw), [5, 2, 9, 30, 7])
+    ds = SeedPerSample(subset, seed=5)
+    by_index = [ds[i] for i in range(5)]
+    assert ds.__getitems__([0, 1, 2]) + ds.__getitems__([3, 4]) == by_index
+
+
+def test_a_batched_read_that_returns_no_list_is_read_by_index():
+    class Columns(Batched):
+        def __getitems__(self, indices):  # a batch of columns, not the list of samples
+            return {"index": list(indices)}
+
+    ds = SeedPerSample(Columns(), seed=5)
+    assert ds.__getitems__([1, 2]) == [(1, 0.0, "one"), (2, 0.0, "one")]
 
 
 def test_a_falsy_batched_read_is_not_called():

@@ -131,6 +131,14 @@ def _drew_since_probe() -> bool:
     return _probe_states() != _probe["seeded"]
 
 
+def _read_drawing_nothing(batched: Callable[[list[int]], Any], indices: list[int]) -> list | None:
+    """``batched(indices)`` read after the probe's seeding: the list of samples it returns, or
+    None when the read drew from a generator or returned something other than a list."""
+    _seed_probe()
+    got = batched(indices)
+    return got if isinstance(got, list) and not _drew_since_probe() else None
+
+
 def seed_sample(seed: int, epoch: int, index: int, sample: int = 0) -> None:
     """Seeds torch's CPU generator, numpy's global generator and ``random`` for one sample from
     what it is (the seed, the epoch, its index and its place within it), not from where it is
@@ -203,34 +211,38 @@ class SeedPerSample(Dataset):
         finally:
             _set_generator_states(saved)
 
-    def __getitems__(self, indices: list[int]) -> Any:
+    def __getitems__(self, indices: list[int]) -> list[Any]:
         """The DataLoader's batched read. A dataset with one of its own (``__getitems__``: a
         Hugging Face dataset reads a batch as one slice of its table, 2-3x faster than row by
-        row) is read with it, with the generators seeded alike for every batch, when that read
-        draws nothing from them; the generators are then left as reading sample by sample
-        leaves them (seeded for the last sample). A batch whose read drew is read again one
-        seeded sample at a time, as every later batch in this process is. Either way a sample's
-        draws are those :func:`seed_sample` gives it, and what the worker draws next (a
-        collate's random transform) is what it drew after reads by index."""
+        row; a ``Subset`` passes batches on) is read with it, with the generators seeded alike
+        before every read, while that read draws nothing from them and returns a list; the
+        generators are then left as reading sample by sample leaves them (seeded for the last
+        sample). The first batched read in a process reads one sample first, so that a dataset
+        that draws reads one sample twice, not a batch. A batch whose read drew is read again
+        one seeded sample at a time, as every later batch in this process is. Either way a
+        sample's draws are those :func:`seed_sample` gives it, and what the worker draws next
+        (a collate's random transform) is what it drew after reads by index."""
         batched = getattr(self.dataset, "__getitems__", None)
-        if not batched or self.__dict__.get("_draws"):
+        by_index = self.__dict__.get("_by_index")  # per process: None until a batched read
+        if not batched or by_index or not indices:
             return [self[i] for i in indices]
         saved = None if get_worker_info() is not None else _generator_states()
+        batch: list[Any] = []
+        clean = True
         try:
-            _seed_probe()
-            batch = batched(indices)
-            drew = _drew_since_probe()
-            if not drew and indices:
-                # left as reading sample by sample leaves them: seeded for the last sample, so
-                # what the worker draws next (a collate's random transform) differs by batch
+            for part in [indices] if by_index is False else [indices[:1], indices[1:]]:
+                got = _read_drawing_nothing(batched, part) if part else []
+                clean = got is not None
+                if got is None:
+                    break
+                batch.extend(got)
+            if clean:
                 _seed_generators(self._sample_seed(int(indices[-1])))
         finally:
             if saved is not None:  # the main process's own draws stay undisturbed
                 _set_generator_states(saved)
-        if not drew:
-            return batch
-        self.__dict__["_draws"] = True
-        return [self[i] for i in indices]
+        self.__dict__["_by_index"] = not clean
+        return batch if clean else [self[i] for i in indices]
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("dataset", "seed", "_epoch"):
