@@ -269,16 +269,36 @@ def test_draws_are_found_with_numpys_state_read_either_way(monkeypatch, layout):
         monkeypatch.setattr(_seeding.ctypes, "string_at", lambda address, size: bytes(size))
     reader = _seeding._numpy_key_reader()
     assert reader.__name__ == ("fast" if layout == "the key first" else "slow")
-    monkeypatch.setattr(_seeding, "_probe", {})
+    monkeypatch.setattr(_seeding, "_numpy_key", [])
     saved = _seeding._generator_states()
     try:
-        for draw in ("torch", "numpy", "numpy gaussian", "random"):
-            _seeding._seed_probe()
-            assert not _seeding._drew_since_probe()
-            DRAWS[draw]()
-            assert _seeding._drew_since_probe(), draw
+        for seed, draw in enumerate(("torch", "numpy", "numpy gaussian", "random")):
+
+            def read(indices, draw=draw):
+                DRAWS[draw]()
+                return list(indices)
+
+            assert _seeding._read_drawing_nothing(list, [1, 2], seed) == [1, 2]
+            assert _seeding._read_drawing_nothing(read, [1, 2], seed) is None, draw
+        assert _seeding._numpy_key[0].__name__ == reader.__name__
     finally:
         _seeding._set_generator_states(saved)
+
+
+def test_a_batched_read_is_seeded_as_its_first_sample_is():
+    # a read that draws nothing but derives a generator of its own from torch.initial_seed()
+    # is not seen to draw: it gets its first sample's seed, one per batch, never one for all
+    class InitialSeed(Batched):
+        def __getitem__(self, i):
+            return i, torch.initial_seed()
+
+        def __getitems__(self, indices):
+            return [(i, torch.initial_seed()) for i in indices]
+
+    ds = SeedPerSample(InitialSeed(), seed=5)
+    first, second = ds.__getitems__([0, 1, 2]), ds.__getitems__([3, 4, 5])
+    assert first[0] == ds[0] and second[0] == ds[3]
+    assert {s for _, s in first[1:]} == {ds[1][1]} and {s for _, s in second} == {ds[3][1]}
 
 
 @pytest.mark.parametrize("draw", ["nothing", "torch", "numpy"])

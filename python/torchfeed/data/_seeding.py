@@ -59,13 +59,11 @@ def _set_generator_states(states: tuple[Any, ...]) -> None:
     random.setstate(states[2])
 
 
-# Whether a read drew from the three generators: seed them with _PROBE_SEED, read, and compare
-# their states with what that seed leaves. After seeding, the first draw of any of them
-# regenerates its whole Mersenne Twister key (and numpy's seeding drops its cached gaussian, so
-# a legacy gaussian draws too), so comparing torch's state, numpy's key and random's state
-# catches any draw.
-_PROBE_SEED = 0x5EED_0F_DA7A
-_probe: dict[str, Any] = {}  # per process: numpy's key reader, the seeded states
+# Whether a read drew from the three generators: seed them, note their states, read, and
+# compare. After seeding, the first draw of any of them regenerates its whole Mersenne Twister
+# key (and numpy's seeding drops its cached gaussian, so a legacy gaussian draws too), so
+# comparing torch's state, numpy's key and random's state catches any draw.
+_numpy_key: list[Callable[[], bytes]] = []  # per process, made at first use
 
 
 def _numpy_key_reader() -> Callable[[], bytes]:
@@ -104,39 +102,32 @@ def _numpy_key_reader() -> Callable[[], bytes]:
     return fast if ok else slow
 
 
-def _probe_states() -> tuple[bytes, bytes, tuple[int, ...]]:
-    """What the three generators' states are, in the form _drew_since_probe compares: torch's
-    and numpy's bytes; of ``random``'s, three key words and the position (seeded, the position
-    is at the key's end, and the first draw regenerates the key: 9 us, against 15 us for the
-    whole state compared)."""
+def _fingerprint() -> tuple[bytes, bytes, tuple[int, ...]]:
+    """The three generators' states as :func:`_read_drawing_nothing` compares them: torch's and
+    numpy's bytes; of ``random``'s, three key words and the position (seeded, the position is at
+    the key's end, and the first draw regenerates the key: 9 us, against 15 us for the whole
+    state compared)."""
+    if not _numpy_key:
+        _numpy_key.append(_numpy_key_reader())
     key = random.getstate()[1]
     return (
         torch.default_generator.get_state().numpy().tobytes(),
-        _probe["numpy_key"](),
+        _numpy_key[0](),
         (key[0], key[1], key[623], key[-1]),
     )
 
 
-def _seed_probe() -> None:
-    """Seeds the three generators with _PROBE_SEED (the first time in a process, also learns
-    what states that leaves)."""
-    if not _probe:
-        _probe["numpy_key"] = _numpy_key_reader()
-        _seed_generators(_PROBE_SEED)
-        _probe["seeded"] = _probe_states()
-    _seed_generators(_PROBE_SEED)
-
-
-def _drew_since_probe() -> bool:
-    return _probe_states() != _probe["seeded"]
-
-
-def _read_drawing_nothing(batched: Callable[[list[int]], Any], indices: list[int]) -> list | None:
-    """``batched(indices)`` read after the probe's seeding: the list of samples it returns, or
-    None when the read drew from a generator or returned something other than a list."""
-    _seed_probe()
+def _read_drawing_nothing(
+    batched: Callable[[list[int]], Any], indices: list[int], seed: int
+) -> list | None:
+    """``batched(indices)``, read with the generators seeded from ``seed``: the list of samples
+    it returns, or None when the read drew from a generator or returned something other than a
+    list. (A read that draws nothing but derives a generator of its own from
+    ``torch.initial_seed()`` is not seen; it gets ``seed``.)"""
+    _seed_generators(seed)
+    before = _fingerprint()
     got = batched(indices)
-    return got if isinstance(got, list) and not _drew_since_probe() else None
+    return got if isinstance(got, list) and _fingerprint() == before else None
 
 
 def seed_sample(seed: int, epoch: int, index: int, sample: int = 0) -> None:
@@ -159,7 +150,7 @@ class SeedPerSample(Dataset):
     after each sample, so the training loop's own draws are not disturbed (that costs about
     0.1 ms a sample, numpy's state the most); in a worker it costs about 10 us a sample. A
     dataset with a batched read of its own (``__getitems__``, as a Hugging Face dataset has) is
-    read with it while that read draws nothing (about 20 us a batch to tell), and sample by
+    read with it while that read draws nothing (about 40 us a batch to tell), and sample by
     sample, seeded, once it is seen to draw. Other attributes are the wrapped dataset's."""
 
     def __init__(self, dataset: Any, seed: int = 0) -> None:
@@ -231,7 +222,11 @@ class SeedPerSample(Dataset):
         clean = True
         try:
             for part in [indices] if by_index is False else [indices[:1], indices[1:]]:
-                got = _read_drawing_nothing(batched, part) if part else []
+                if not part:
+                    continue
+                # seeded as its first sample is: a read that derives a generator of its own from
+                # torch.initial_seed() gets a seed per batch, never one for all
+                got = _read_drawing_nothing(batched, part, self._sample_seed(int(part[0])))
                 clean = got is not None
                 if got is None:
                     break
