@@ -261,12 +261,14 @@ def test_a_falsy_batched_read_is_not_called():
     assert ds.__getitems__([1, 2]) == [(1, 0.0, "one"), (2, 0.0, "one")]
 
 
-@pytest.mark.parametrize("layout", ["the key first", "another"])
+@pytest.mark.parametrize("layout", ["the key first", "another", "numpy before 1.25"])
 def test_draws_are_found_with_numpys_state_read_either_way(monkeypatch, layout):
     from torchfeed.data import _seeding
 
     if layout == "another":  # the bytes at the state address are not the key: the whole state
         monkeypatch.setattr(_seeding.ctypes, "string_at", lambda address, size: bytes(size))
+    if layout == "numpy before 1.25":  # no get_bit_generator: the whole state
+        monkeypatch.delattr(_seeding.mtrand, "get_bit_generator")
     reader = _seeding._numpy_key_reader()
     assert reader.__name__ == ("fast" if layout == "the key first" else "slow")
     monkeypatch.setattr(_seeding, "_numpy_key", [])

@@ -69,19 +69,24 @@ _numpy_key: list[Callable[[], bytes]] = []  # per process, made at first use
 def _numpy_key_reader() -> Callable[[], bytes]:
     """Reads the state of numpy's global generator: the bytes of its MT19937 key, through the
     bit generator's public ``ctypes.state_address`` (0.5 us; the key leads the state struct),
-    when a self-test shows they are the key; else its whole state pickled (30-40 us)."""
-    bit_generator = mtrand.get_bit_generator()
+    when a self-test shows they are the key; else its whole state pickled (30-40 us; numpy
+    before 1.25 has no ``get_bit_generator``)."""
 
     def slow() -> bytes:
-        return pickle.dumps(mtrand.get_bit_generator().state)
+        return pickle.dumps(np.random.get_state())
 
+    get_bit_generator = getattr(mtrand, "get_bit_generator", None)
     try:
-        address = bit_generator.ctypes.state_address
+        bit_generator = get_bit_generator() if get_bit_generator is not None else None
+        address = bit_generator.ctypes.state_address if bit_generator is not None else None
     except (AttributeError, TypeError, ValueError):
+        address = None
+    if address is None:
         return slow
+    assert get_bit_generator is not None and bit_generator is not None
 
     def fast() -> bytes:
-        if mtrand.get_bit_generator() is not bit_generator:  # np.random.set_bit_generator
+        if get_bit_generator() is not bit_generator:  # np.random.set_bit_generator
             return slow()
         return ctypes.string_at(address, 624 * 4)
 
