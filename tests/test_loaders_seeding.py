@@ -269,11 +269,11 @@ def test_draws_are_found_with_numpys_state_read_either_way(monkeypatch, layout):
         monkeypatch.setattr(_seeding.ctypes, "string_at", lambda address, size: bytes(size))
     if layout == "numpy before 1.25":  # no get_bit_generator: the whole state
         monkeypatch.delattr(_seeding.mtrand, "get_bit_generator")
-    reader = _seeding._numpy_key_reader()
-    assert reader.__name__ == ("fast" if layout == "the key first" else "slow")
-    monkeypatch.setattr(_seeding, "_numpy_key", [])
+    _seeding._numpy_key_reader.cache_clear()  # made afresh under this layout, and after it
     saved = _seeding._generator_states()
     try:
+        reader = _seeding._numpy_key_reader()
+        assert reader.__name__ == ("fast" if layout == "the key first" else "slow")
         for seed, draw in enumerate(("torch", "numpy", "numpy gaussian", "random")):
 
             def read(indices, draw=draw):
@@ -282,9 +282,10 @@ def test_draws_are_found_with_numpys_state_read_either_way(monkeypatch, layout):
 
             assert _seeding._read_drawing_nothing(list, [1, 2], seed) == [1, 2]
             assert _seeding._read_drawing_nothing(read, [1, 2], seed) is None, draw
-        assert _seeding._numpy_key[0].__name__ == reader.__name__
+        assert _seeding._numpy_key_reader() is reader
     finally:
         _seeding._set_generator_states(saved)
+        _seeding._numpy_key_reader.cache_clear()
 
 
 def test_a_batched_read_is_seeded_as_its_first_sample_is():

@@ -5,6 +5,7 @@ a resume), and rank- and worker-aware streams (:class:`WorkerSeeder`)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import pickle
 import random
 from collections.abc import Callable
@@ -63,9 +64,7 @@ def _set_generator_states(states: tuple[Any, ...]) -> None:
 # compare. After seeding, the first draw of any of them regenerates its whole Mersenne Twister
 # key (and numpy's seeding drops its cached gaussian, so a legacy gaussian draws too), so
 # comparing torch's state, numpy's key and random's state catches any draw.
-_numpy_key: list[Callable[[], bytes]] = []  # per process, made at first use
-
-
+@functools.cache  # per process, made at first use
 def _numpy_key_reader() -> Callable[[], bytes]:
     """Reads the state of numpy's global generator: the bytes of its MT19937 key, through the
     bit generator's public ``ctypes.state_address`` (0.5 us; the key leads the state struct),
@@ -76,14 +75,13 @@ def _numpy_key_reader() -> Callable[[], bytes]:
         return pickle.dumps(np.random.get_state())
 
     get_bit_generator = getattr(mtrand, "get_bit_generator", None)
-    try:
-        bit_generator = get_bit_generator() if get_bit_generator is not None else None
-        address = bit_generator.ctypes.state_address if bit_generator is not None else None
-    except (AttributeError, TypeError, ValueError):
-        address = None
-    if address is None:
+    if get_bit_generator is None:
         return slow
-    assert get_bit_generator is not None and bit_generator is not None
+    bit_generator = get_bit_generator()
+    try:
+        address = bit_generator.ctypes.state_address
+    except (AttributeError, TypeError, ValueError):
+        return slow
 
     def fast() -> bytes:
         if get_bit_generator() is not bit_generator:  # np.random.set_bit_generator
@@ -112,12 +110,10 @@ def _fingerprint() -> tuple[bytes, bytes, tuple[int, ...]]:
     numpy's bytes; of ``random``'s, three key words and the position (seeded, the position is at
     the key's end, and the first draw regenerates the key: 9 us, against 15 us for the whole
     state compared)."""
-    if not _numpy_key:
-        _numpy_key.append(_numpy_key_reader())
     key = random.getstate()[1]
     return (
         torch.default_generator.get_state().numpy().tobytes(),
-        _numpy_key[0](),
+        _numpy_key_reader()(),
         (key[0], key[1], key[623], key[-1]),
     )
 
@@ -236,7 +232,7 @@ class SeedPerSample(Dataset):
                 if got is None:
                     break
                 batch.extend(got)
-            if clean:
+            if clean and saved is None:  # (the main process gets its own states back)
                 _seed_generators(self._sample_seed(int(indices[-1])))
         finally:
             if saved is not None:  # the main process's own draws stay undisturbed
