@@ -102,17 +102,16 @@ class ImageCollate:
     Hugging Face image column give PIL images). ``transform``, run on the batch: a torchfeed
     batch transform, or ``torchfeed.fuse`` of a v2 Compose whose steps all fuse.
 
-    In an ordinary DataLoader's workers, ``recycle=True`` (the default) packs the batch (the
-    images, or the transform's output, with the other fields beside them, each written there
-    once) into shared memory
-    each worker reuses, batch after batch, rather than a fresh shared-memory file per tensor and
-    batch: the main process gets a batch viewing it, and the memory goes back to the worker when
-    that batch is freed. Fields of at most 64 KiB (labels) arrive as copies of their own, so
-    that keeping them holds none of the batch's memory. The pages a worker has written stay
-    allocated for reuse (at most about the batches it has in flight at once), and the main
-    process keeps them mapped while the worker lives, so reading the next batch faults nothing
-    in (its resident size counts them; they are the worker's memory, not a copy);
-    ``recycle=False`` gives the ordinary path."""
+    In an ordinary DataLoader's workers, ``recycle=True`` (the default) packs the batch (the images,
+    or the transform's output, with the other fields beside them, each written there once) into
+    shared memory each worker reuses, batch after batch, rather than a fresh shared-memory file per
+    tensor and batch: the main process gets a batch viewing it, and the memory goes back to the
+    worker when that batch is freed. Fields of at most 64 KiB (labels) arrive as copies of their
+    own, so that keeping them holds none of the batch's memory. The pages a worker has written stay
+    allocated for reuse (at most about the batches it has in flight at once), and the main process
+    keeps them mapped while the worker lives, so reading the next batch faults nothing in (its
+    resident size counts them; they are the worker's memory, not a copy); ``recycle=False`` gives
+    the ordinary path."""
 
     def __init__(
         self,
