@@ -112,3 +112,11 @@ def same_batch(a, b) -> None:
             same_batch(x, y)
     else:
         assert a == b
+
+
+def written(batch):
+    """``batch`` with each :class:`~torchfeed._tree.Lazy` buffer made (what the ordinary path
+    gives for a batch a collate built to be written into a ring's region)."""
+    from torchfeed._tree import Lazy, map_tensors
+
+    return map_tensors(batch, lambda leaf: leaf.make(), lambda x: isinstance(x, Lazy))

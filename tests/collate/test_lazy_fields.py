@@ -14,19 +14,16 @@ import torch
 from torch.utils.data import default_collate
 
 import torchfeed
-from torchfeed._tree import Lazy, map_tensors, tensors_of
+from torchfeed._tree import Lazy, tensors_of
 from torchfeed.collate import _fields
 from torchfeed.collate._fields import collate_field
 
 from helpers import same_batch as same
+from helpers import written
 
 
 def lazies(batch):
     return tensors_of(batch, lambda x: isinstance(x, Lazy))
-
-
-def written(batch):
-    return map_tensors(batch, lambda leaf: leaf.make(), lambda x: isinstance(x, Lazy))
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ from torchfeed import ImageCollate, PadCollate, RaggedBatch, loader
 from torchfeed._tree import tensors_of
 from torchfeed.memory import SharedRing
 
+from helpers import written
+
 # the regions themselves, on small batches: every tensor a view of its region, however small
 pytestmark = pytest.mark.usefixtures("ring_views")
 
@@ -136,11 +138,8 @@ def test_without_a_collate_fn_the_batches_are_default_collates(context):
 def test_lazy_collate_once_written_is_default_collate():
     from torch.utils.data import default_collate
 
-    from torchfeed._tree import Lazy, map_tensors
+    from torchfeed._tree import Lazy
     from torchfeed.collate._fields import lazy_collate
-
-    def written(batch):
-        return map_tensors(batch, lambda leaf: leaf.make(), lambda x: isinstance(x, Lazy))
 
     samples = [Nested()[i] for i in range(3)]
     lazy = lazy_collate(samples)
