@@ -329,13 +329,94 @@ def drawing_collate(batch):
     return batch, torch.rand(()).item()
 
 
-@pytest.mark.parametrize("draw", ["nothing", "torch"])
-def test_a_collate_drawing_after_a_batched_read_draws_what_it_drew_after_reads_by_index(draw):
-    def read(data):
-        dl = torchfeed.loader(data, batch_size=6, num_workers=2, collate_fn=drawing_collate,
-                              seed_samples=3, multiprocessing_context="fork")  # fmt: skip
-        return [(tuple(s[:2] for s in b), d) for b, d in dl]
+class OneByOne(Dataset):
+    """A SeedPerSample read only through its __getitem__ (every generator seeded before every
+    sample), by a plain DataLoader: the reference the batched reads are held to."""
 
-    by_index, batched = read(ReadByIndex(draw)), read(Batched(draw))
-    assert batched == by_index
-    assert len({d for _, d in batched}) == len(batched)  # a draw of its own for every batch
+    def __init__(self, data, seed):
+        self.seeded = SeedPerSample(data, seed)
+
+    def __len__(self):
+        return len(self.seeded)
+
+    def __getitem__(self, i):
+        return self.seeded[i]
+
+
+@pytest.mark.parametrize("draw", ["nothing", "torch", "numpy", "random"])
+def test_a_collate_drawing_after_a_batched_read_draws_what_it_drew_after_reads_by_index(draw):
+    def read(loader):
+        return [(tuple(s[:2] for s in b), d) for b, d in loader]
+
+    options = dict(batch_size=6, num_workers=2, collate_fn=drawing_collate,
+                   multiprocessing_context="fork")  # fmt: skip
+    want = read(torch.utils.data.DataLoader(OneByOne(ReadByIndex(draw), 3), **options))
+    for data in (ReadByIndex(draw), Batched(draw)):
+        assert read(torchfeed.loader(data, seed_samples=3, **options)) == want
+    assert len({d for _, d in want}) == len(want)  # a draw of its own for every batch
+
+
+class Logged(ReadByIndex):
+    """Read by index, each read logged; draws from numpy only for samples from ``numpy_from``
+    on (from torch for the others, when ``torch``)."""
+
+    def __init__(self, numpy_from=0, torch=False):
+        super().__init__()
+        self.numpy_from, self.torch, self.reads = numpy_from, torch, []
+
+    def __getitem__(self, i):
+        self.reads.append(i)
+        draws = (np.random.rand() if i >= self.numpy_from else 0.0,
+                 globals()["torch"].rand(()).item() if self.torch else 0.0,
+                 globals()["torch"].initial_seed())  # fmt: skip
+        return i, draws
+
+
+@pytest.mark.parametrize("torch_draws", [False, True])
+def test_a_dataset_read_by_index_is_seeded_for_each_sample_once(torch_draws):
+    """torch's generator is seeded before every sample (its draws and torch.initial_seed()
+    follow the sample); numpy's and random's once a batch, while the reads leave them be."""
+    ds = SeedPerSample(Logged(numpy_from=N, torch=torch_draws), seed=5)
+    want = [ds[i] for i in range(12)]
+    ds.dataset.reads.clear()
+    before = generator_states()
+    got = ds.__getitems__([0, 1, 2, 3, 4, 5]) + ds.__getitems__([6, 7, 8, 9, 10, 11])
+    assert got == want and len({s[1] for s in got}) == 12
+    assert ds.dataset.reads == list(range(12))  # each sample read once
+    assert same_states(before, generator_states())  # the main process's own, once a batch
+
+
+def test_a_dataset_read_by_index_that_draws_from_numpy_is_seeded_for_each_sample():
+    ds = SeedPerSample(Logged(numpy_from=0), seed=5)
+    want = [ds[i] for i in (3, 9, 4, 10, 11)]
+    ds.dataset.reads.clear()
+    assert ds.__getitems__([3, 9, 4]) + ds.__getitems__([10, 11]) == want
+    assert ds.dataset.reads == [3, 3, 9, 4, 10, 11]  # the first sample read twice, no other
+
+    # a dataset that starts to draw in a later batch: that batch is read again, then no other
+    ds = SeedPerSample(Logged(numpy_from=8), seed=5)
+    want = [ds[i] for i in range(16)]
+    ds.dataset.reads.clear()
+    got = [s for start in (0, 4, 8, 12) for s in ds.__getitems__(list(range(start, start + 4)))]
+    assert got == want
+    assert ds.dataset.reads == [*range(8), *range(8, 12), *range(8, 16)]
+
+
+@pytest.mark.parametrize("draw", ["nothing", "torch", "numpy"])
+def test_a_worker_is_left_as_reads_by_index_seeded_for_each_sample_leave_it(draw, monkeypatch):
+    """In a worker, after a batch, every generator is where seeding the batch's last sample and
+    reading it left it: what the worker draws next (its collate) does not depend on how the
+    batch was read."""
+    from torchfeed.data import _seeding
+
+    monkeypatch.setattr(_seeding, "get_worker_info", lambda: object())
+    after, batches = [], []
+    for read in ("one by one", "by index", "batched"):
+        ds = SeedPerSample(Batched(draw) if read == "batched" else ReadByIndex(draw), seed=5)
+        got = []
+        for indices in (list(range(5)), list(range(5, 10))):
+            got += [ds[i] for i in indices] if read == "one by one" else ds.__getitems__(indices)
+        after.append(generator_states())
+        batches.append([s[:2] for s in got])
+    assert batches[1] == batches[0] and batches[2] == batches[0]
+    assert same_states(after[1], after[0]) and same_states(after[2], after[0])

@@ -46,6 +46,12 @@ def derive_seed(*parts: int) -> int:
 def _seed_generators(s: int) -> None:
     """torch's CPU generator, numpy's global generator and ``random``, from one 64-bit seed."""
     torch.default_generator.manual_seed(s)
+    _seed_host_generators(s)
+
+
+def _seed_host_generators(s: int) -> None:
+    """numpy's global generator and ``random`` (5.8 us of the 7 us the three take), as
+    :func:`_seed_generators` seeds them."""
     np.random.seed(s % (1 << 32))
     random.seed(s)
 
@@ -106,16 +112,18 @@ def _numpy_key_reader() -> Callable[[], bytes]:
 
 
 def _fingerprint() -> tuple[bytes, bytes, tuple[int, ...]]:
-    """The three generators' states as :func:`_read_drawing_nothing` compares them: torch's and
-    numpy's bytes; of ``random``'s, three key words and the position (seeded, the position is at
-    the key's end, and the first draw regenerates the key: 9 us, against 15 us for the whole
+    """The three generators' states as :func:`_read_drawing_nothing` compares them: torch's
+    bytes, then :func:`_host_fingerprint`."""
+    return (torch.default_generator.get_state().numpy().tobytes(), *_host_fingerprint())
+
+
+def _host_fingerprint() -> tuple[bytes, tuple[int, ...]]:
+    """numpy's and ``random``'s states as a draw changes them after seeding: numpy's key bytes;
+    of ``random``'s, three key words and the position (seeded, the position is at the key's end,
+    and the first draw regenerates the key: 9 us with torch's, against 15 us for the whole
     state compared)."""
     key = random.getstate()[1]
-    return (
-        torch.default_generator.get_state().numpy().tobytes(),
-        _numpy_key_reader()(),
-        (key[0], key[1], key[623], key[-1]),
-    )
+    return _numpy_key_reader()(), (key[0], key[1], key[623], key[-1])
 
 
 def _read_drawing_nothing(
@@ -140,6 +148,11 @@ def seed_sample(seed: int, epoch: int, index: int, sample: int = 0) -> None:
     _seed_generators(derive_seed(seed, epoch, index, sample))
 
 
+# What a SeedPerSample learns in a process, never pickled: its epoch's view and mixed prefix,
+# and what its reads were seen to draw
+_PER_PROCESS = ("_epoch_view", "_prefix", "_checked", "_drew")
+
+
 class SeedPerSample(Dataset):
     """A map-style dataset whose sample i is read after :func:`seed_sample` (seed, epoch, i):
     whatever random numbers its ``__getitem__`` draws (torch, numpy, ``random``; torchfeed's and
@@ -148,11 +161,11 @@ class SeedPerSample(Dataset):
     sample. :func:`torchfeed.loader` wraps map-style datasets in it by default
     (``seed_samples=``) and sets its epoch; ``set_epoch`` reaches persistent workers (shared
     memory). In the main process (``num_workers=0``) the three generators' states are restored
-    after each sample, so the training loop's own draws are not disturbed (that costs about
-    0.1 ms a sample, numpy's state the most); in a worker it costs about 10 us a sample. A
-    dataset with a batched read of its own (``__getitems__``, as a Hugging Face dataset has) is
-    read with it while that read draws nothing (about 40 us a batch to tell), and sample by
-    sample, seeded, once it is seen to draw. Other attributes are the wrapped dataset's."""
+    after each batch (after each sample read by ``dataset[i]``), so the training loop's own draws
+    are not disturbed. The DataLoader's batched read (:meth:`__getitems__`) seeds numpy's
+    generator and ``random`` once a batch while the reads leave them untouched, and keeps a
+    dataset's own batched read (``__getitems__``, as a Hugging Face dataset has) while it draws
+    nothing. Other attributes are the wrapped dataset's."""
 
     def __init__(self, dataset: Any, seed: int = 0) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -174,9 +187,12 @@ class SeedPerSample(Dataset):
         return int(self._epoch[0])
 
     def _sample_seed(self, index: int) -> int:
-        """derive_seed(seed, epoch, index, 0), with (seed, epoch)'s part mixed once per epoch and
-        the epoch read through a numpy view of its shared memory (per process: not pickled):
-        about 2 us of the 10 us a sample costs in a worker."""
+        return self._sample_seeds([index])[0]
+
+    def _sample_seeds(self, indices: list[int]) -> list[int]:
+        """derive_seed(seed, epoch, index, 0) of each index, with (seed, epoch)'s part mixed once
+        per epoch and the epoch read through a numpy view of its shared memory (per process: not
+        pickled), once a call (0.9 us a sample)."""
         view = self.__dict__.get("_epoch_view")
         if view is None:
             view = self.__dict__["_epoch_view"] = self._epoch.numpy()
@@ -184,10 +200,10 @@ class SeedPerSample(Dataset):
         prefix = self.__dict__.get("_prefix")
         if prefix is None or prefix[0] != epoch:
             prefix = self.__dict__["_prefix"] = (epoch, _mix(_mix(_START, self.seed), epoch))
-        return _mix(_mix(prefix[1], index), 0)
+        return [_mix(_mix(prefix[1], int(i)), 0) for i in indices]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_epoch_view", "_prefix")}
+        return {k: v for k, v in self.__dict__.items() if k not in _PER_PROCESS}
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -204,41 +220,81 @@ class SeedPerSample(Dataset):
             _set_generator_states(saved)
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
-        """The DataLoader's batched read. A dataset with one of its own (``__getitems__``: a
-        Hugging Face dataset reads a batch as one slice of its table, 2-3x faster than row by
-        row; a ``Subset`` passes batches on) is read with it, with the generators seeded alike
-        before every read, while that read draws nothing from them and returns a list; the
-        generators are then left as reading sample by sample leaves them (seeded for the last
-        sample). The first batched read in a process reads one sample first, so that a dataset
-        that draws reads one sample twice, not a batch. A batch whose read drew is read again
-        one seeded sample at a time, as every later batch in this process is. Either way a
-        sample's draws are those :func:`seed_sample` gives it, and what the worker draws next
-        (a collate's random transform) is what it drew after reads by index."""
-        batched = getattr(self.dataset, "__getitems__", None)
-        by_index = self.__dict__.get("_by_index")  # per process: None until a batched read
-        if not batched or by_index or not indices:
-            return [self[i] for i in indices]
+        """The DataLoader's batched read. Every sample's draws are those :func:`seed_sample`
+        gives it, but the generators are seeded before every sample only where that is needed:
+
+        - a dataset read by index: torch's generator before every sample (its draws and
+          ``torch.initial_seed()`` then follow the sample), numpy's and ``random``'s once, as
+          for the batch's first sample, their states compared after the batch;
+        - a dataset with a batched read of its own (``__getitems__``: a Hugging Face dataset
+          reads a batch as one slice of its table, 2-3x faster than row by row; a ``Subset``
+          passes batches on): that read, all three seeded as for its first sample and compared.
+
+        A batch whose reads drew from a generator seeded once is read again sample by sample,
+        all three seeded before each, as every later batch in this process is. A process's
+        first batch reads its first sample alone first, so a dataset that draws reads one
+        sample twice, not a batch. A worker's generators are then as reads by index leave them
+        (seeded for the last sample, then its draws), so what it draws next (a collate's random
+        transform) is what it drew after them; the main process gets its own states back, once
+        a batch."""
+        if not indices:
+            return []
+        seeds = self._sample_seeds(indices)
         saved = None if get_worker_info() is not None else _generator_states()
-        batch: list[Any] = []
-        clean = True
         try:
-            for part in [indices] if by_index is False else [indices[:1], indices[1:]]:
-                if not part:
-                    continue
-                # seeded as its first sample is: a read that derives a generator of its own from
-                # torch.initial_seed() gets a seed per batch, never one for all
-                got = _read_drawing_nothing(batched, part, self._sample_seed(int(part[0])))
-                clean = got is not None
-                if got is None:
-                    break
-                batch.extend(got)
-            if clean and saved is None:  # (the main process gets its own states back)
-                _seed_generators(self._sample_seed(int(indices[-1])))
+            batch = None
+            if not self.__dict__.get("_drew"):
+                batch = self._read_checked(indices, seeds, saved)
+            if batch is None:  # sample by sample, every generator seeded
+                self.__dict__["_drew"] = True
+                batch = []
+                for i, seed in zip(indices, seeds, strict=True):
+                    _seed_generators(seed)
+                    batch.append(self.dataset[i])
+            return batch
         finally:
             if saved is not None:  # the main process's own draws stay undisturbed
                 _set_generator_states(saved)
-        self.__dict__["_by_index"] = not clean
-        return batch if clean else [self[i] for i in indices]
+
+    def _read_checked(self, indices: list[int], seeds: list[int], saved: Any) -> list[Any] | None:
+        """The batch read with the generators seeded as :meth:`__getitems__` says, or None when
+        a generator seeded once was drawn from (or the dataset's batched read returned no
+        list)."""
+        batched = getattr(self.dataset, "__getitems__", None)
+        checked = self.__dict__.get("_checked")  # per process: None until a first read
+        batch: list[Any] = []
+        for cut in [slice(None)] if checked else [slice(1), slice(1, None)]:
+            part, part_seeds = indices[cut], seeds[cut]
+            if not part:
+                continue
+            # seeded as its first sample is: a batched read that derives a generator of its own
+            # from torch.initial_seed() gets a seed per batch, never one for all
+            if batched:
+                got = _read_drawing_nothing(batched, part, part_seeds[0])
+            else:
+                got = self._read_by_index_drawing_torch_only(part, part_seeds)
+            self.__dict__["_checked"] = True
+            if got is None:
+                return None
+            batch.extend(got)
+        if saved is None:  # a worker: seeded for the last sample, as reads by index leave it
+            if batched:
+                _seed_generators(seeds[-1])  # (the read drew nothing)
+            else:
+                _seed_host_generators(seeds[-1])  # (torch's is there, with that sample's draws)
+        return batch
+
+    def _read_by_index_drawing_torch_only(self, part: list[int], seeds: list[int]) -> list | None:
+        """The samples of ``part``, torch's generator seeded for each from ``seeds``, numpy's and
+        ``random``'s for the first: None when the reads drew from either of those (1.1 us a
+        sample, against the 7 us of seeding all three)."""
+        _seed_host_generators(seeds[0])
+        before = _host_fingerprint()
+        got = []
+        for i, seed in zip(part, seeds, strict=True):
+            torch.default_generator.manual_seed(seed)
+            got.append(self.dataset[i])
+        return got if _host_fingerprint() == before else None
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("dataset", "seed", "_epoch"):
