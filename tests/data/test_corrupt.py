@@ -55,3 +55,43 @@ def test_skip_corrupt_on_error_callback_and_error_types():
     strict = SkipCorrupt(Flaky({0}), errors=KeyError)
     with pytest.raises(OSError):
         strict[0]
+
+
+class FlakyBatched(Flaky):
+    """A batched read of its own (as a Hugging Face dataset has), failing as a whole when any
+    of its samples does."""
+
+    def __init__(self, bad):
+        super().__init__(bad)
+        self.batched_reads = []
+
+    def __getitems__(self, indices):
+        self.batched_reads.append(list(indices))
+        if self.bad & set(indices):
+            raise OSError(f"cannot decode {sorted(self.bad & set(indices))}")
+        return [("batched", i) for i in indices]
+
+
+def test_skip_corrupt_keeps_a_batched_read():
+    ds = SkipCorrupt(FlakyBatched({3, 11}))
+    assert ds.__getitems__([0, 1, 2]) == [("batched", 0), ("batched", 1), ("batched", 2)]
+    # a batch whose read fails is read sample by sample, the failing one replaced
+    assert ds.__getitems__([2, 3, 4]) == [2, 4, 4] and ds.skipped_indices == [3]
+    assert ds.dataset.batched_reads == [[0, 1, 2], [2, 3, 4]]
+    # without a batched read of its own, none: the DataLoader reads by index
+    assert not SkipCorrupt(Flaky({3})).__getitems__
+    assert next(iter(DataLoader(SkipCorrupt(Flaky({3})), batch_size=4))).tolist() == [0, 1, 2, 4]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_corrupt_keeps_a_batched_read_through_the_loader(workers):
+    import torchfeed
+
+    loader = torchfeed.loader(SkipCorrupt(FlakyBatched({3, 11})), batch_size=4,
+                              num_workers=workers, collate_fn=list)  # fmt: skip
+    batched = [("batched", i) for i in range(20)]
+    # the first batch's first sample is read alone (SeedPerSample's check); a batch holding a
+    # failing sample is read by index, that sample replaced
+    assert [s for b in loader for s in b] == (
+        [*batched[:1], 1, 2, 4, *batched[4:8], 8, 9, 10, 12, *batched[12:]]
+    )

@@ -75,6 +75,25 @@ class SkipCorrupt(Dataset):
             f"(indices {tried}); last error: {type(last).__name__}: {last}"
         ) from last
 
+    @property
+    def __getitems__(self) -> Callable[[list[int]], Any] | None:
+        """The wrapped dataset's batched read, where it has one (a Hugging Face dataset reads a
+        batch as one slice of its table; a ``Subset`` passes batches on), with the skipping: a
+        batch whose read raises one of ``errors`` is read again sample by sample, each failing
+        sample replaced as ``dataset[i]`` replaces it. None where the wrapped dataset has none:
+        the DataLoader then reads by index, as without this wrapper."""
+        batched = getattr(self.dataset, "__getitems__", None)
+        if not batched:
+            return None
+
+        def read(indices: list[int]) -> Any:
+            try:
+                return batched(indices)
+            except self.errors:
+                return [self[i] for i in indices]
+
+        return read
+
     def state_dict(self) -> dict[str, Any]:
         """The samples that failed so far (a loader's checkpoint carries them)."""
         return {"kind": "SkipCorrupt", "length": len(self), "skipped": self.skipped_indices}
