@@ -420,3 +420,17 @@ def test_a_worker_is_left_as_reads_by_index_seeded_for_each_sample_leave_it(draw
         batches.append([s[:2] for s in got])
     assert batches[1] == batches[0] and batches[2] == batches[0]
     assert same_states(after[1], after[0]) and same_states(after[2], after[0])
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "numpy", "tensor", "generator"])
+@pytest.mark.parametrize("data", ["by index", "batched"])
+def test_a_batch_sampler_may_yield_any_iterable_of_indices(kind, data):
+    """What a batch sampler yields reaches __getitems__ as it is: numpy arrays and tensors (whose
+    truth value raises) are read as the plain DataLoader reads them."""
+    make = {"list": list, "tuple": tuple, "numpy": np.array, "tensor": torch.tensor,
+            "generator": lambda b: (i for i in b)}[kind]  # fmt: skip
+    batches = [[3, 1, 2], [0], [4, 5]]
+    dataset = Batched() if data == "batched" else ReadByIndex()
+    loader = torchfeed.loader(dataset, batch_sampler=[make(b) for b in batches],
+                              collate_fn=collate)  # fmt: skip
+    assert [[int(s[0]) for s in b] for b in loader] == batches

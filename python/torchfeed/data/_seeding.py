@@ -189,7 +189,7 @@ class SeedPerSample(Dataset):
     def _sample_seed(self, index: int) -> int:
         return self._sample_seeds([index])[0]
 
-    def _sample_seeds(self, indices: list[int]) -> list[int]:
+    def _sample_seeds(self, indices: Any) -> list[int]:
         """derive_seed(seed, epoch, index, 0) of each index, with (seed, epoch)'s part mixed once
         per epoch and the epoch read through a numpy view of its shared memory (per process: not
         pickled), once a call (0.9 us a sample)."""
@@ -219,7 +219,7 @@ class SeedPerSample(Dataset):
         finally:
             _set_generator_states(saved)
 
-    def __getitems__(self, indices: list[int]) -> list[Any]:
+    def __getitems__(self, indices: Any) -> list[Any]:
         """The DataLoader's batched read. Every sample's draws are those :func:`seed_sample`
         gives it, but the generators are seeded before every sample only where that is needed:
 
@@ -237,7 +237,9 @@ class SeedPerSample(Dataset):
         (seeded for the last sample, then its draws), so what it draws next (a collate's random
         transform) is what it drew after them; the main process gets its own states back, once
         a batch."""
-        if not indices:
+        if not hasattr(indices, "__len__") or not hasattr(indices, "__getitem__"):
+            indices = list(indices)  # (a batch sampler may yield any iterable of indices)
+        if len(indices) == 0:  # (or an array, or a tensor: kept for a batched read of its own)
             return []
         seeds = self._sample_seeds(indices)
         saved = None if get_worker_info() is not None else _generator_states()
@@ -256,7 +258,7 @@ class SeedPerSample(Dataset):
             if saved is not None:  # the main process's own draws stay undisturbed
                 _set_generator_states(saved)
 
-    def _read_checked(self, indices: list[int], seeds: list[int], saved: Any) -> list[Any] | None:
+    def _read_checked(self, indices: Any, seeds: list[int], saved: Any) -> list[Any] | None:
         """The batch read with the generators seeded as :meth:`__getitems__` says, or None when
         a generator seeded once was drawn from (or the dataset's batched read returned no
         list)."""
@@ -265,7 +267,7 @@ class SeedPerSample(Dataset):
         batch: list[Any] = []
         for cut in [slice(None)] if checked else [slice(1), slice(1, None)]:
             part, part_seeds = indices[cut], seeds[cut]
-            if not part:
+            if len(part) == 0:
                 continue
             # seeded as its first sample is: a batched read that derives a generator of its own
             # from torch.initial_seed() gets a seed per batch, never one for all
@@ -284,7 +286,7 @@ class SeedPerSample(Dataset):
                 _seed_host_generators(seeds[-1])  # (torch's is there, with that sample's draws)
         return batch
 
-    def _read_by_index_drawing_torch_only(self, part: list[int], seeds: list[int]) -> list | None:
+    def _read_by_index_drawing_torch_only(self, part: Any, seeds: list[int]) -> list | None:
         """The samples of ``part``, torch's generator seeded for each from ``seeds``, numpy's and
         ``random``'s for the first: None when the reads drew from either of those (1.1 us a
         sample, against the 7 us of seeding all three)."""
