@@ -226,7 +226,15 @@ class ResumableLoader(DataLoader):
         self._batches = 0
         self._started = True
         _warn_fork_in_distributed(self)
-        return _Counting(self, self._make_iterator())
+        if not isinstance(source, ShardedIterableDataset):
+            return _Counting(self, self._make_iterator())
+        # the samples a fetch collates, for the iterator made now (and workers started now):
+        # not for another loader over the same dataset
+        source._per_fetch = self.batch_size if (self.batch_size or 0) > 1 else None
+        try:
+            return _Counting(self, self._make_iterator())
+        finally:
+            source._per_fetch = None
 
     def _sample_epoch(self) -> int:
         """The epoch the per-sample seeds use: the sampler's, else this loader's count."""
