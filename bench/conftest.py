@@ -13,6 +13,7 @@ of the per-round ratios. Run with ``make bench-pytest``.
 from __future__ import annotations
 
 import statistics
+import time
 
 import pytest
 
@@ -91,3 +92,33 @@ def role(benchmark):
         benchmark.extra_info["role"] = name
 
     return set_role
+
+
+@pytest.fixture
+def paired_epochs(benchmark):
+    """``run(loaders, samples_of, expected, rounds)``: the loaders' epochs timed in the same
+    rounds, each round in another order (timed one after the other, each would meet another
+    moment of a drifting machine), into ``extra_info["paired"]``. ``samples_of(batch)`` counts
+    a batch's samples; every epoch must give ``expected``. A first epoch each starts the
+    workers, untimed."""
+
+    def run(loaders, samples_of, expected: int, rounds: int) -> None:
+        names = list(loaders)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for dl in loaders.values():
+            assert sum(samples_of(b) for b in dl) == expected
+        done = [0]
+
+        def one_round():
+            k = done[0] % len(names)
+            for name in names[k:] + names[:k]:
+                start = time.perf_counter()
+                n = sum(samples_of(b) for b in loaders[name])
+                times[name].append(time.perf_counter() - start)
+                assert n == expected
+            done[0] += 1
+
+        benchmark.pedantic(one_round, rounds=rounds, iterations=1)
+        benchmark.extra_info["paired"] = times
+
+    return run

@@ -12,8 +12,6 @@ Needs ``datasets`` (an optional benchmark baseline: ``pip install datasets``); s
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -62,33 +60,16 @@ KW = dict(batch_size=64, num_workers=2, persistent_workers=True)
 ROUNDS = 5
 
 
-def test_hf_dataset_paired(benchmark, table):
-    """The three loaders' epochs timed in the same rounds, each round in another order: timed
-    one after the other, each met another moment of a drifting machine. bench/conftest.py
-    reports the median of each and of the per-round ratios."""
+def test_hf_dataset_paired(benchmark, paired_epochs, table):
+    """The three loaders' epochs timed in the same rounds; bench/conftest.py reports the median
+    of each and of the per-round ratios."""
     benchmark.group = GROUP
     loaders = {
         "baseline": DataLoader(table, collate_fn=collate(), **KW),
         "torchfeed": torchfeed.loader(table, collate_fn=collate(), **KW),
         "row by row": torchfeed.loader(RowByRow(table), collate_fn=collate(), **KW),
     }
-    names = list(loaders)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for dl in loaders.values():  # start-up: the workers
-        assert sum(int(b["label"].shape[0]) for b in dl) == ROWS
-    done = [0]
-
-    def one_round():
-        k = done[0] % len(names)
-        for name in names[k:] + names[:k]:
-            start = time.perf_counter()
-            n = sum(int(b["label"].shape[0]) for b in loaders[name])
-            times[name].append(time.perf_counter() - start)
-            assert n == ROWS
-        done[0] += 1
-
-    benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1)
-    benchmark.extra_info["paired"] = times
+    paired_epochs(loaders, lambda b: int(b["label"].shape[0]), ROWS, ROUNDS)
 
 
 def test_the_batched_read_gives_the_row_by_row_batches(table):
