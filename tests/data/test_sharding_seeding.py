@@ -230,3 +230,33 @@ def test_another_loader_over_the_same_dataset_reads_it_as_its_own(workers):
     after = list(DataLoader(ds, batch_size=5, num_workers=workers, collate_fn=drawing_collate))
     alone = list(DataLoader(fresh, batch_size=5, num_workers=workers, collate_fn=drawing_collate))
     assert after == alone and len(after) > 1
+
+
+class Broken(Shards):
+    """Shard 0's sample 30 raises as it is made."""
+
+    def make(self, i: int, order: list[int]):
+        for sample in super().make(i, order):
+            if i == 0 and sample[1] == 30:
+                raise ValueError("corrupt sample")
+            yield sample
+
+
+def test_a_read_that_raises_comes_after_the_samples_before_it():
+    """Shards read in groups: the samples read before a failing one are still yielded first,
+    as a plain DataLoader (reading one by one) yields them."""
+
+    def run(make_loader):
+        ds = ShardedIterableDataset(
+            list(range(len(LENGTHS))), Broken("torch"), seed=SEED, shuffle=False
+        )
+        ds.set_epoch(EPOCH)
+        got = []
+        with pytest.raises(ValueError, match="corrupt sample"):
+            for batch in make_loader(ds):
+                got.append(batch)
+        return got
+
+    ours = run(lambda ds: torchfeed.loader(ds, batch_size=7, collate_fn=list))
+    theirs = run(lambda ds: DataLoader(ds, batch_size=7, collate_fn=list))
+    assert ours == theirs and len(ours) == 30 // 7

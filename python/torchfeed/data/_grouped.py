@@ -30,23 +30,28 @@ def read_past(it: Iterator[Any], n: int) -> int:
 
 def read_group(
     it: Iterator[Any], prefix: int, k: int, stop: int, first_alone: bool
-) -> tuple[list[Any], list[int], list[torch.Tensor]] | None:
-    """Samples ``k`` .. ``stop - 1`` of ``it`` (fewer at its end) as seeding each from
-    ``_mix(prefix, j)`` makes them, with their seeds and torch's state after each: torch's
-    generator seeded before every sample, numpy's and ``random``'s as for sample ``k``. None
-    when a read drew from numpy or ``random`` (compared after the group, and after its first
-    sample too if ``first_alone``: a dataset that draws is then found reading one sample)."""
+) -> tuple[list[Any], list[int], list[torch.Tensor], Exception | None] | None:
+    """Samples ``k`` .. ``stop - 1`` of ``it`` (fewer at its end, or where a read raises: the
+    error comes last) as seeding each from ``_mix(prefix, j)`` makes them, with their seeds and
+    torch's state after each: torch's generator seeded before every sample, numpy's and
+    ``random``'s as for sample ``k``. None when a read drew from numpy or ``random`` (compared
+    after the group, and after its first sample too if ``first_alone``: a dataset that draws is
+    then found reading one sample)."""
     generator = torch.default_generator
     _seed_host_generators(_mix(prefix, k))
     before = _host_fingerprint()
     samples: list[Any] = []
     seeds = [_mix(prefix, j) for j in range(k, stop)]
     states: list[torch.Tensor] = []
+    error = None
     for seed in seeds:
         generator.manual_seed(seed)
         try:
             samples.append(next(it))
         except StopIteration:
+            break
+        except Exception as e:  # raised after the samples before it, as a read one by one does
+            error = e
             break
         states.append(generator.get_state())
         if first_alone:
@@ -55,7 +60,7 @@ def read_group(
             first_alone = False
     if _host_fingerprint() != before:
         return None
-    return samples, seeds[: len(samples)], states
+    return samples, seeds[: len(samples)], states, error
 
 
 def read_groups(
@@ -72,10 +77,12 @@ def read_groups(
         if got is None:
             return k
         notes["_host_checked"] = True
-        samples, seeds, states = got
+        samples, seeds, states, error = got
         for j, sample in enumerate(samples):
             notes["_last"] = (seeds[j], states[j])
             yield sample
+        if error is not None:
+            raise error
         k += len(samples)
         if k < stop:
             return None
