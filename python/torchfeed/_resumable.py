@@ -103,6 +103,26 @@ class _Skipping:
         return max(0, len(self.base) - self.skip)
 
 
+class _Dropping:
+    """A DataLoader iterator without its first ``drop`` batches (a resumed generic
+    IterableDataset: its stream is read again from the start, and what was consumed dropped)."""
+
+    def __init__(self, it: Iterator[Any], drop: int) -> None:
+        self._it, self._drop = it, drop
+
+    def __iter__(self) -> _Dropping:
+        return self
+
+    def __next__(self) -> Any:
+        while self._drop > 0:
+            self._drop -= 1
+            next(self._it)
+        return next(self._it)
+
+    def __len__(self) -> int:
+        return max(0, len(self._it) - self._drop)  # type: ignore[arg-type]
+
+
 def _default_collation(args: tuple, kwargs: dict[str, Any]) -> bool:
     """Whether a DataLoader given these arguments (after the dataset) would collate its batches
     with ``default_collate``: no ``collate_fn``, and batches (a ``batch_size``, 1 by default, or
@@ -125,7 +145,12 @@ class ResumableLoader(DataLoader):
       Resuming with the same world size and workers continues as if never stopped; with others,
       every sample not yet consumed this epoch is read exactly once.
     - Any other sampler: the checkpoint records the batches yielded, and resuming skips that
-      many (the sampler's order is reproduced from the random state saved at the epoch's start).
+      many (the sampler's order is reproduced from the random state saved at the epoch's start),
+      on the same world size only.
+    - Any other IterableDataset: on the same world size and ``num_workers`` only, its stream is
+      read again from the epoch's start and the batches already consumed dropped; with
+      ``num_workers=0``, one with a ``state_dict()`` of its own (a Hugging Face streaming
+      dataset) resumes where it stood.
 
     Randomness follows the sample: a map-style dataset is read through
     :class:`~torchfeed.data.SeedPerSample` (``seed_samples=True``, the default), so that sample
@@ -175,7 +200,8 @@ class ResumableLoader(DataLoader):
         self._rng: torch.Tensor | None = None  # the random state the epoch started from
         self._progress: tuple[list[int], list[int]] | None = None
         self._pending: dict[str, Any] | None = None
-        self._skip_batches = 0
+        self._skip_batches = 0  # of this epoch, consumed before a resume (a generic source)
+        self._drop_batches = 0  # of those, to read again and drop (a generic IterableDataset)
         self._started = False
 
     def _source(self) -> DistributedSampler | ShardedIterableDataset | None:
@@ -193,7 +219,9 @@ class ResumableLoader(DataLoader):
     @property
     def _index_sampler(self) -> Any:
         base = super()._index_sampler
-        return _Skipping(base, self._skip_batches) if self._skip_batches else base
+        if self._skip_batches and not isinstance(self.dataset, IterableDataset):
+            return _Skipping(base, self._skip_batches)
+        return base
 
     def _rng_state(self) -> torch.Tensor:
         return self.generator.get_state() if self.generator is not None else torch.get_rng_state()
@@ -223,11 +251,13 @@ class ResumableLoader(DataLoader):
                 self._progress = source.progress(world * workers)
             except ValueError:  # streams of unknown length: state_dict() says so if asked
                 self._progress = None
-        self._batches = 0
+        self._batches = self._skip_batches  # this epoch's, a checkpoint of a resumed one too
         self._started = True
         _warn_fork_in_distributed(self)
         if not isinstance(source, ShardedIterableDataset):
-            return _Counting(self, self._make_iterator())
+            it = self._make_iterator()
+            drop, self._drop_batches = self._drop_batches, 0
+            return _Counting(self, _Dropping(it, drop) if drop else it)
         # the samples a fetch collates, for the iterator made now (and workers started now):
         # not for another loader over the same dataset
         source._per_fetch = self.batch_size if (self.batch_size or 0) > 1 else None
@@ -245,7 +275,7 @@ class ResumableLoader(DataLoader):
         return epoch if isinstance(epoch, int) else self._epoch_index
 
     def _epoch_done(self) -> None:
-        self._skip_batches = 0
+        self._skip_batches = self._drop_batches = 0
         for obj in (self._source(), self.dataset):
             done = getattr(obj, "resume_done", None)
             if done is not None:
@@ -261,6 +291,7 @@ class ResumableLoader(DataLoader):
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
             "num_workers": self.num_workers,
+            "world": rank_and_world_size()[1],
             "rng": self._rng,
             "epoch_index": self._epoch_index - 1 if self._started else self._epoch_index,
         }
@@ -318,11 +349,42 @@ class ResumableLoader(DataLoader):
                 )
             source.load_state_dict(state["source"])
             self._skip_batches = 0
-        else:
-            self._skip_batches = state["batches"]  # a generic sampler: fast-forward
-        if "dataset" in state and hasattr(self.dataset, "load_state_dict"):
-            self.dataset.load_state_dict(state["dataset"])
+        else:  # a generic sampler or IterableDataset: fast-forward
+            self._check_generic(state)
+            self._skip_batches = state["batches"]
+        load = getattr(self.dataset, "load_state_dict", None)
+        own = "dataset" in state and load is not None
+        if load is not None and "dataset" in state:
+            load(state["dataset"])
+        if isinstance(self.dataset, IterableDataset) and source is None:
+            # a stream that keeps its own position (in this process: no workers) resumes there;
+            # any other is read again from the start and its consumed batches dropped
+            self._drop_batches = 0 if own and self.num_workers == 0 else self._skip_batches
         self._pending = state
+
+    def _check_generic(self, state: dict[str, Any]) -> None:
+        """A generic source is fast-forwarded: the same batches in the same order only on the
+        same world size (and, for an IterableDataset, the same workers, which deal its stream)."""
+        world = rank_and_world_size()[1]
+        if state.get("world", world) != world:
+            raise ValueError(
+                f"load_state_dict: the checkpoint was taken on a world size of {state['world']}, "
+                f"this run has {world}: a {self._generic_name()} resumes on the same world size "
+                "only (torchfeed.data.DistributedSampler, or ShardedIterableDataset, resume on "
+                "another)"
+            )
+        if isinstance(self.dataset, IterableDataset) and state["num_workers"] != self.num_workers:
+            raise ValueError(
+                f"load_state_dict: the checkpoint's num_workers {state['num_workers']} differs "
+                f"from this loader's {self.num_workers}: an IterableDataset's stream is dealt "
+                "over the workers, so it resumes with the same num_workers only "
+                "(torchfeed.data.ShardedIterableDataset resumes on any)"
+            )
+
+    def _generic_name(self) -> str:
+        if isinstance(self.dataset, IterableDataset):
+            return f"{type(self.dataset).__name__} (an IterableDataset)"
+        return f"loader with a {type(self.sampler).__name__}"
 
 
 class _Counting:

@@ -1,0 +1,123 @@
+"""torchfeed.loader's checkpoints of generic sources, fast-forwarded: an IterableDataset of the
+user's own (its stream read again and the consumed batches dropped, or resumed where it keeps its
+own position), and a checkpoint taken in a resumed epoch (it counts the batches before the resume
+too). A change of world size or, for a stream, of num_workers is an error, not another order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+import torchfeed
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+
+class Stream(IterableDataset):
+    """Samples 0..n-1 dealt over the workers, each with a draw from torch (the worker's seed)."""
+
+    def __init__(self, n: int = 100) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        w, k = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(w, self.n, k):
+            yield i, torch.rand(()).item()
+
+
+class Positioned(Stream):
+    """A stream that keeps its own position (as a Hugging Face IterableDataset does), in the
+    process that reads it."""
+
+    def __init__(self, n: int = 100) -> None:
+        super().__init__(n)
+        self.read = 0
+
+    def __iter__(self):
+        for k, sample in enumerate(super().__iter__()):
+            if k >= self.read:
+                self.read = k + 1
+                yield sample
+
+    def state_dict(self):
+        return {"read": self.read}
+
+    def load_state_dict(self, state):
+        self.read = state["read"]
+
+
+def collate(batch):
+    return batch
+
+
+def run(make, cuts):
+    """The batches of an epoch read in pieces: after each cut a checkpoint, and a new loader
+    (another global random state) resumed from it."""
+    torch.manual_seed(3)
+    dl, state, out = make(), None, []
+    for cut in [*cuts, None]:
+        if state is not None:
+            torch.manual_seed(99)
+            dl = make()
+            dl.load_state_dict(state)
+        it = iter(dl)
+        for batch in it:
+            out.append(batch)
+            if len(out) == cut:
+                state = dl.state_dict()
+                break
+        del it
+    return out
+
+
+@pytest.mark.parametrize("dataset", [Stream, Positioned])
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("cuts", [(3,), (3, 5), (1, 2, 8)])
+def test_an_iterable_dataset_resumes_where_it_stood(dataset, workers, cuts):
+    def make():
+        return torchfeed.loader(dataset(), batch_size=7, num_workers=workers, collate_fn=collate)
+
+    full = run(make, ())
+    assert len(full) == (15 if workers == 0 else 16)  # (2 workers: 50 samples, 8 batches each)
+    assert run(make, cuts) == full
+
+
+@pytest.mark.parametrize("cuts", [(3, 5), (1, 2, 6)])
+def test_a_checkpoint_of_a_resumed_epoch_counts_the_batches_before_the_resume(cuts):
+    def make():
+        return torchfeed.loader(list(range(61)), batch_size=7, shuffle=True)
+
+    full = [b.tolist() for b in run(make, ())]
+    assert [b.tolist() for b in run(make, cuts)] == full
+
+
+def test_a_stream_resumed_with_other_workers_is_an_error():
+    dl = torchfeed.loader(Stream(), batch_size=7, num_workers=2, collate_fn=collate)
+    it = iter(dl)
+    next(it)
+    state = dl.state_dict()
+    del it
+    other = torchfeed.loader(Stream(), batch_size=7, num_workers=1, collate_fn=collate)
+    with pytest.raises(ValueError, match="num_workers 2 differs from this loader's 1"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("kind", ["stream", "sampler"])
+def test_a_generic_source_resumed_on_another_world_size_is_an_error(kind, monkeypatch):
+    def make():
+        if kind == "stream":
+            return torchfeed.loader(Stream(), batch_size=7, collate_fn=collate)
+        return torchfeed.loader(list(range(61)), batch_size=7, shuffle=True)
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    dl = make()
+    it = iter(dl)
+    next(it)
+    state = dl.state_dict()
+    del it
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="world size of 2, this run has 3"):
+        make().load_state_dict(state)
