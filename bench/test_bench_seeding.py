@@ -2,7 +2,7 @@
 (16 shards of 1,024 samples, 16-255 tokens) through ``PadCollate`` in batches of 64.
 
 - baseline: a plain DataLoader over the dataset, which seeds torch's, numpy's and ``random``'s
-  generators before every sample (as ``torchfeed.loader`` did until 2026-12-07: it is what a
+  generators before every sample (as ``torchfeed.loader`` did until 2026-12-06: it is what a
   loader that does not say its batch size gets);
 - torchfeed: ``torchfeed.loader`` over the same dataset: torch's generator seeded before every
   sample, numpy's and ``random``'s once per 64 samples of a shard, all three set before each
