@@ -58,17 +58,17 @@ class Shards:
             yield i, j, draws(self.kind, k)
 
 
-def reference(kind: str, shuffling: bool = False) -> dict:
+def reference(kind: str, shuffling: bool = False, epoch: int = EPOCH) -> dict:
     """Every sample as made with all three generators seeded before it (and, for a shuffle
     when a shard is opened, before that)."""
     ref = {}
     for i, n in enumerate(LENGTHS):
         order = list(range(n))
         if shuffling:
-            seed_sample(SEED, EPOCH, i, -1)
+            seed_sample(SEED, epoch, i, -1)
             random.shuffle(order)
         for k in range(n):
-            seed_sample(SEED, EPOCH, i, k)
+            seed_sample(SEED, epoch, i, k)
             ref[i, order[k]] = draws(kind, k)
     return ref
 
@@ -103,6 +103,18 @@ def test_each_sample_draws_what_seed_sample_gives_it(kind, workers):
     assert got == reference(kind)
     drawn = [d for d in got.values() if d]
     assert len(set(drawn)) == len(drawn) and (kind == "nothing" or drawn)  # distinct per sample
+
+
+def test_persistent_workers_draw_each_epochs_own_augmentation():
+    """Workers that outlive an epoch (and keep the batch size they started with) draw each
+    epoch's samples as seed_sample seeds them for that epoch."""
+    ds, _ = dataset("torch", shuffling=True)
+    loader = torchfeed.loader(
+        ds, batch_size=7, num_workers=2, persistent_workers=True, collate_fn=list
+    )
+    for epoch in (EPOCH, EPOCH + 1):
+        ds.set_epoch(epoch)
+        assert samples(loader) == reference("torch", shuffling=True, epoch=epoch)
 
 
 @pytest.mark.parametrize("kind", ["nothing", "torch"])
