@@ -272,3 +272,35 @@ def test_a_read_that_raises_comes_after_the_samples_before_it():
     ours = run(lambda ds: torchfeed.loader(ds, batch_size=7, collate_fn=list))
     theirs = run(lambda ds: DataLoader(ds, batch_size=7, collate_fn=list))
     assert ours == theirs and len(ours) == 30 // 7
+
+
+def mixed_items():
+    """Shards that can be opened again (lists, read in groups) between ones that cannot
+    (generators, seeded per sample), each sample drawing from torch."""
+
+    def once(i):
+        for k in range(LENGTHS[i]):
+            yield i, k, draws("torch", k)
+
+    return [
+        [(i, k, ()) for k in range(LENGTHS[i])] if i % 2 == 0 else once(i)
+        for i in range(len(LENGTHS))
+    ]
+
+
+@pytest.mark.parametrize("case", ["mixed items", "numpy late"])
+def test_a_random_collate_after_samples_seeded_one_by_one_draws_what_it_would(case):
+    """Samples seeded one by one after grouped ones (an item that cannot be opened again, or
+    everything after a read that drew from numpy) leave nothing for the batch's end to set
+    back: the collate draws as under a plain DataLoader, which seeds every sample."""
+
+    def make():
+        if case == "mixed items":
+            ds = ShardedIterableDataset(mixed_items(), seed=SEED, shuffle=False)
+            ds.set_epoch(EPOCH)
+            return ds
+        return dataset(case, shuffle=False)[0]
+
+    ours = list(torchfeed.loader(make(), batch_size=5, collate_fn=drawing_collate))
+    theirs = list(DataLoader(make(), batch_size=5, collate_fn=drawing_collate))
+    assert ours == theirs and len(ours) > 1

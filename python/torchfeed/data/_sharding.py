@@ -365,6 +365,7 @@ class ShardedIterableDataset(IterableDataset):
             if read_past(it, again) < again:
                 return
             k = again
+        self._last = None  # these samples leave the generators as they are: nothing to settle
         while end is None or k < end:
             if self.seed_samples:
                 seed_sample(self.seed, epoch, index, k)  # before the sample is made
@@ -372,7 +373,6 @@ class ShardedIterableDataset(IterableDataset):
                 sample = next(it)
             except StopIteration:
                 return
-            self._last = None
             yield sample
             k += 1
 
