@@ -1,12 +1,15 @@
 """Per-sample seeding of a sharded stream: a ``ShardedIterableDataset`` of pre-tokenized shards
 (16 shards of 1,024 samples, 16-255 tokens) through ``PadCollate`` in batches of 64.
 
-- baseline: a plain DataLoader over the dataset, which seeds torch's, numpy's and ``random``'s
-  generators before every sample (as ``torchfeed.loader`` did until 2026-12-06: it is what a
-  loader that does not say its batch size gets);
+- baseline: a plain DataLoader over the dataset, whose workers seed torch's, numpy's and
+  ``random``'s generators before every sample (as ``torchfeed.loader`` did until 2026-12-06: it
+  is what a loader that does not say its batch size gets); in the main process
+  (``num_workers=0``) the dataset reads in groups as for ``torchfeed.loader`` and sets the
+  generators back after each group's read, for the training loop;
 - torchfeed: ``torchfeed.loader`` over the same dataset: torch's generator seeded before every
   sample, numpy's and ``random``'s once per 64 samples of a shard, all three set before each
-  batch's last sample as seeding every sample leaves them (the same samples and batches);
+  batch's last sample as seeding every sample leaves them (the same samples and batches); in
+  the main process, set back after each batch;
 - unseeded: ``torchfeed.loader`` over the dataset made with ``seed_samples=False``, what the
   seeding costs against nothing.
 

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torchfeed.collate import DefaultCollate
 from torchfeed.data._distributed import distributed_initialized, rank_and_world_size
 from torchfeed.data._sampler import DistributedSampler
-from torchfeed.data._seeding import SeedPerSample
+from torchfeed.data._seeding import SeedPerSample, _generator_states, _set_generator_states
 from torchfeed.data._sharding import ShardedIterableDataset
 
 __all__ = ["ResumableLoader", "worker_batches"]
@@ -261,8 +261,11 @@ class ResumableLoader(DataLoader):
         # the samples a fetch collates, for the iterator made now (and workers started now):
         # not for another loader over the same dataset
         source._per_fetch = self.batch_size if (self.batch_size or 0) > 1 else None
+        # read in this process, the stream leaves the generators set for the collate: they go
+        # back to the loop's own states after each batch
+        keep = self.num_workers == 0 and source.seed_samples and source._per_fetch is not None
         try:
-            return _Counting(self, self._make_iterator())
+            return _Counting(self, self._make_iterator(), keep_generators=keep)
         finally:
             source._per_fetch = None
 
@@ -388,18 +391,29 @@ class ResumableLoader(DataLoader):
 
 
 class _Counting:
-    def __init__(self, loader: ResumableLoader, it: Iterator[Any]) -> None:
-        self._loader, self._it = loader, it
+    """The loader's iterator, counting the batches it yields; with ``keep_generators``, torch's,
+    numpy's and ``random``'s states are set back after each batch to what they were before it
+    (a stream read in this process: its reads seed them), so that the loop's own draws are not
+    disturbed."""
+
+    def __init__(
+        self, loader: ResumableLoader, it: Iterator[Any], keep_generators: bool = False
+    ) -> None:
+        self._loader, self._it, self._keep = loader, it, keep_generators
 
     def __iter__(self) -> _Counting:
         return self
 
     def __next__(self) -> Any:
+        saved = _generator_states() if self._keep else None
         try:
             batch = next(self._it)
         except StopIteration:
             self._loader._epoch_done()
             raise
+        finally:
+            if saved is not None:
+                _set_generator_states(saved)
         self._loader._batches += 1
         return batch
 

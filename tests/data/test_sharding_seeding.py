@@ -239,9 +239,103 @@ def test_another_loader_over_the_same_dataset_reads_it_as_its_own(workers):
     ds, _ = dataset("torch")
     samples(torchfeed.loader(ds, batch_size=7, num_workers=workers, collate_fn=list))
     fresh, _ = dataset("torch")
-    after = list(DataLoader(ds, batch_size=5, num_workers=workers, collate_fn=drawing_collate))
-    alone = list(DataLoader(fresh, batch_size=5, num_workers=workers, collate_fn=drawing_collate))
-    assert after == alone and len(after) > 1
+    runs = []
+    for d in (ds, fresh):
+        seed_globals(11)  # (with num_workers=0 the collate draws from the loop's own streams)
+        runs.append(
+            list(DataLoader(d, batch_size=5, num_workers=workers, collate_fn=drawing_collate))
+        )
+    assert runs[0] == runs[1] and len(runs[0]) > 1
+
+
+def seed_globals(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def loop_draws() -> tuple:
+    """What a training loop draws between batches (numpy's gaussians come in pairs: the second
+    one is cached in its state)."""
+    return torch.rand(()).item(), float(np.random.randn()), random.random()
+
+
+def main_process_loaders():
+    return {
+        "torchfeed.loader": lambda ds, c: torchfeed.loader(ds, batch_size=5, collate_fn=c),
+        "torchfeed.loader, batch_size=1": lambda ds, c: torchfeed.loader(ds, collate_fn=c),
+        "DataLoader": lambda ds, c: DataLoader(ds, batch_size=5, collate_fn=c),
+        "iterated directly": lambda ds, c: ([s] for s in ds),
+    }
+
+
+def mixed_reference() -> dict:
+    ref = {}
+    for i, n in enumerate(LENGTHS):
+        for k in range(n):
+            seed_sample(SEED, EPOCH, i, k)
+            ref[i, k] = draws("torch", k) if i % 2 else ()
+    return ref
+
+
+@pytest.mark.parametrize("how", list(main_process_loaders()))
+@pytest.mark.parametrize("kind", ["torch", "numpy late", "all", "mixed items"])
+def test_the_loops_own_draws_are_not_disturbed_in_the_main_process(how, kind):
+    """Read with num_workers=0 (or iterated directly), the stream seeds the main process's
+    generators for every sample (in groups of a shard, one by one after a read drew from numpy,
+    or for a shard that cannot be opened again); the training loop between batches draws what
+    it would over an unseeded stream that draws nothing, as over a SeedPerSample. The samples
+    still draw what seed_sample gives them."""
+    make = main_process_loaders()[how]
+
+    def run(seed_samples: bool):
+        if kind == "mixed items" and seed_samples:
+            ds = ShardedIterableDataset(mixed_items(), seed=SEED, shuffle=False)
+            ds.set_epoch(EPOCH)
+        else:
+            ds, _ = dataset(
+                kind if seed_samples else "nothing", seed_samples, seed_samples=seed_samples
+            )
+        seed_globals(3)
+        np.random.randn()  # a gaussian cached in numpy's state
+        got, loop = {}, []
+        for batch in make(ds, list):
+            for i, k, d in batch:
+                got[i, k] = d
+            loop.append(loop_draws())
+        loop.append(loop_draws())  # after the epoch's end
+        return got, loop
+
+    got, loop = run(True)
+    _, unseeded = run(False)
+    assert got == (mixed_reference() if kind == "mixed items" else reference(kind, True))
+    assert loop == unseeded and len(set(loop)) == len(loop) > 2
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy late"])
+def test_a_random_collate_in_the_main_process(kind):
+    """torchfeed.loader (knowing its batches) hands the collate the generators as seeding every
+    sample leaves them, as in a worker, so that its draws are the same in a resumed run; a plain
+    DataLoader's collate draws from the loop's own streams, as over a SeedPerSample."""
+    ds, _ = dataset(kind)
+    seed_globals(3)
+    ours = list(torchfeed.loader(ds, batch_size=5, collate_fn=drawing_collate))
+    expected = []
+    for i, n in enumerate(LENGTHS):  # ranks x workers = 1 consumer, unshuffled dataset order
+        expected += [(i, k) for k in range(n)]
+    order = ds._order(EPOCH)
+    stream = [(i, k) for i in order for k in range(LENGTHS[i])]
+    for b, batch in enumerate(ours):
+        i, k = stream[b * 5 + len(batch[0]) - 1]
+        seed_sample(SEED, EPOCH, i, k)
+        draws(kind, k)
+        assert batch[1] == (torch.rand(()).item(), float(np.random.rand()), random.random())
+    plain, unseeded = [], []
+    for out, seeding in ((plain, True), (unseeded, False)):
+        d, _ = dataset(kind if seeding else "nothing", seed_samples=seeding)
+        seed_globals(3)
+        out += [b[1] for b in DataLoader(d, batch_size=5, collate_fn=drawing_collate)]
+    assert plain == unseeded and len(set(plain)) == len(plain)
 
 
 class Broken(Shards):
@@ -292,7 +386,7 @@ def mixed_items():
 def test_a_random_collate_after_samples_seeded_one_by_one_draws_what_it_would(case):
     """Samples seeded one by one after grouped ones (an item that cannot be opened again, or
     everything after a read that drew from numpy) leave nothing for the batch's end to set
-    back: the collate draws as under a plain DataLoader, which seeds every sample."""
+    back: the collate draws as under a plain DataLoader's worker, which seeds every sample."""
 
     def make():
         if case == "mixed items":
@@ -302,5 +396,6 @@ def test_a_random_collate_after_samples_seeded_one_by_one_draws_what_it_would(ca
         return dataset(case, shuffle=False)[0]
 
     ours = list(torchfeed.loader(make(), batch_size=5, collate_fn=drawing_collate))
-    theirs = list(DataLoader(make(), batch_size=5, collate_fn=drawing_collate))
+    # (in one worker: with num_workers=0 a plain DataLoader's collate draws the loop's streams)
+    theirs = list(DataLoader(make(), batch_size=5, num_workers=1, collate_fn=drawing_collate))
     assert ours == theirs and len(ours) > 1

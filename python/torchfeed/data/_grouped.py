@@ -4,14 +4,20 @@ numpy's and ``random``'s (6 us together) once a group, their states compared aft
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 import torch
 
-from torchfeed.data._seeding import _host_fingerprint, _mix, _seed_host_generators
+from torchfeed.data._seeding import (
+    _generator_states,
+    _host_fingerprint,
+    _mix,
+    _seed_host_generators,
+    _set_generator_states,
+)
 
-__all__ = ["GROUP", "read_group", "read_groups", "read_past", "settle"]
+__all__ = ["GROUP", "in_fetches", "read_group", "read_groups", "read_past", "settle"]
 
 # Samples read between two comparisons of numpy's and random's states (their seeding and the
 # comparison take about 15 us: 0.2 us a sample)
@@ -68,9 +74,11 @@ def read_groups(
 ) -> Generator[Any, None, int | None]:
     """Samples ``k`` .. of ``it`` (up to ``end``), ``GROUP`` at a time by :func:`read_group`.
     ``notes`` (a dataset's ``__dict__``) gets each sample's seed and torch's state after it as
-    the sample is yielded (``"_last"``, for :func:`settle`), and ``"_host_checked"`` once a
-    first sample was read alone. Returns None at the end (of ``it`` or at ``end``); where a read
-    drew from numpy or ``random``, the first sample not yielded, to be read again."""
+    the sample is yielded (``"_last"``, for :func:`settle`), how many samples of the group
+    are left to yield after it (``"_buffered"``: the next ones come without a read), and
+    ``"_host_checked"`` once a first sample was read alone. Returns None at the end (of ``it``
+    or at ``end``); where a read drew from numpy or ``random``, the first sample not yielded, to
+    be read again."""
     while end is None or k < end:
         stop = k + GROUP if end is None else min(k + GROUP, end)
         got = read_group(it, prefix, k, stop, not notes.get("_host_checked"))
@@ -80,6 +88,7 @@ def read_groups(
         samples, seeds, states, error = got
         for j, sample in enumerate(samples):
             notes["_last"] = (seeds[j], states[j])
+            notes["_buffered"] = len(samples) - 1 - j
             yield sample
         if error is not None:
             raise error
@@ -97,3 +106,43 @@ def settle(notes: dict[str, Any]) -> None:
     if last is not None:
         torch.default_generator.set_state(last[1])
         _seed_host_generators(last[0])  # (its read drew from neither)
+
+
+def in_fetches(
+    source: Iterable[Any], fetch: int | None, notes: dict[str, Any], restore: bool
+) -> Iterator[Any]:
+    """``source``'s samples (each read seeding the generators), with the generators set for what
+    runs after them:
+
+    - ``fetch`` known (a DataLoader fetch collates that many samples from the stream's start):
+      before a fetch's last sample and at the end, as seeding every sample leaves them
+      (:func:`settle`), so that a random collate draws what it would;
+    - ``restore`` (the main process reading for a consumer whose fetches are not known: a plain
+      DataLoader with ``num_workers=0``, or the dataset iterated directly): back, after every
+      read, to what they were before it, so that the loop's own draws are not disturbed (about
+      90 us a read, numpy's state the most: once per group of a shard read by
+      :func:`read_groups`, whose other samples come without a read). ``torchfeed.loader`` knows
+      its fetches and sets them back around each batch itself."""
+    saved = None
+    n = 0
+    it = iter(source)
+    try:
+        while True:
+            if restore and not notes.get("_buffered"):
+                saved = _generator_states()
+            try:
+                sample = next(it)
+            except StopIteration:
+                break
+            if saved is not None:
+                _set_generator_states(saved)
+                saved = None
+            n += 1
+            if fetch is not None and n % fetch == 0:
+                settle(notes)
+            yield sample
+    finally:
+        if saved is not None:  # the end's read, or one that raised
+            _set_generator_states(saved)
+    if fetch is not None and n % fetch:
+        settle(notes)

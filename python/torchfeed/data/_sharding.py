@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from torchfeed.data._distributed import rank_and_world_size, worker_and_count
-from torchfeed.data._grouped import read_groups, read_past, settle
+from torchfeed.data._grouped import in_fetches, read_groups, read_past
 from torchfeed.data._plan import EpochPlan, epoch_order, split_for_consumer
 from torchfeed.data._seeding import _START, _mix, seed_sample
 
@@ -18,7 +18,7 @@ __all__ = ["ShardedIterableDataset"]
 
 # What an iteration learns in a process, never pickled: the fetch size it reads for, the last
 # grouped sample's seed and torch state, and whether reads were seen to draw from numpy/random
-_PER_PROCESS = ("_fetch", "_last", "_host_drew", "_host_checked")
+_PER_PROCESS = ("_grouped", "_last", "_buffered", "_host_drew", "_host_checked")
 
 
 class ShardedIterableDataset(IterableDataset):
@@ -48,7 +48,10 @@ class ShardedIterableDataset(IterableDataset):
     about 4 us a sample, against 10 for seeding all three. A group whose reads drew from numpy
     or ``random`` is read again seeded per sample (the shard opened again), as is all that
     process reads after it. Before a batch's last sample the three are set as seeding per
-    sample leaves them, so a random collate draws what it would.
+    sample leaves them, so a random collate draws what it would. Read in the main process
+    (``num_workers=0``, or iterated directly), the training loop's own draws are left alone:
+    ``torchfeed.loader`` sets the three back after each batch, and otherwise the dataset (read
+    in groups there too) after each of its reads.
 
     Checkpoints: ``torchfeed.loader`` (and ``ZeroCopyLoader``) save and restore this dataset's
     position with their own ``state_dict``; inside torchdata's ``StatefulDataLoader`` each
@@ -303,21 +306,17 @@ class ShardedIterableDataset(IterableDataset):
                 else plan.shares[consumer]
             )
             source = (s for p, a, b in segments for s in self._segment(epoch, order[p], a, b))
-        # Read through torchfeed.loader, the samples a DataLoader fetch collates are known
-        # (batch_size of them, from the stream's start): shards are then read in groups
-        # (read_groups), and before the last sample of a fetch (and at the stream's end) the
-        # generators are set as seeding every sample leaves them, for the collate.
-        self._fetch = fetch
+        # Shards are read in groups (read_groups) where the generators are set for what follows
+        # the samples by in_fetches: read through torchfeed.loader, which says how many samples a
+        # DataLoader fetch collates (batch_size, from the stream's start), set for each fetch's
+        # collate; in the main process, otherwise, set back after every read.
+        restore = self.seed_samples and fetch is None and get_worker_info() is None
+        self._grouped = fetch is not None or restore
         self._last = None
-        n = 0
-        for sample in source:
+        self._buffered = 0
+        for sample in in_fetches(source, fetch, self.__dict__, restore):
             self._yielded += 1
-            n += 1
-            if fetch is not None and n % fetch == 0:
-                settle(self.__dict__)
             yield sample
-        if fetch is not None and n % fetch:
-            settle(self.__dict__)
         self._resume = None  # an epoch read to its end starts the next one afresh
 
     def _skipping(self, epoch: int, items: list[int], skip: int) -> Iterator[Any]:
@@ -336,8 +335,9 @@ class ShardedIterableDataset(IterableDataset):
         ``end``, which is never read), each made after seeding for it (seed_samples); those
         before ``start`` are read past unseeded.
 
-        Read through torchfeed.loader, a shard that can be opened again (``open_item`` given,
-        or an item that is not its own iterator) is read in groups (:func:`read_groups`) until
+        Read through torchfeed.loader or in the main process (``_grouped``), a shard that can be
+        opened again (``open_item`` given, or an item that is not its own iterator) is read in
+        groups (:func:`read_groups`) until
         a read draws from numpy or ``random``: that group is read again, all three seeded
         before every sample, as everything after it in this process is."""
         if self.mode == "sample":
@@ -352,7 +352,7 @@ class ShardedIterableDataset(IterableDataset):
         k = start
         if (
             self.seed_samples
-            and self.__dict__.get("_fetch")
+            and self.__dict__.get("_grouped")
             and not self.__dict__.get("_host_drew")
             and (self.open_item is not None or it is not opened)
         ):
