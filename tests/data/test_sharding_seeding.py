@@ -256,8 +256,8 @@ def seed_globals(seed: int) -> None:
 
 def loop_draws() -> tuple:
     """What a training loop draws between batches (numpy's gaussians come in pairs: the second
-    one is cached in its state)."""
-    return torch.rand(()).item(), float(np.random.randn()), random.random()
+    one is cached in its state), and the seed it sees."""
+    return torch.rand(()).item(), float(np.random.randn()), random.random(), torch.initial_seed()
 
 
 def main_process_loaders():
