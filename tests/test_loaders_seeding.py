@@ -343,17 +343,50 @@ class OneByOne(Dataset):
         return self.seeded[i]
 
 
-@pytest.mark.parametrize("draw", ["nothing", "torch", "numpy", "random"])
-def test_a_collate_drawing_after_a_batched_read_draws_what_it_drew_after_reads_by_index(draw):
-    def read(loader):
-        return [(tuple(s[:2] for s in b), d) for b, d in loader]
+def read_drawn(loader):
+    return [(tuple(s[:2] for s in b), d) for b, d in loader]
 
-    options = dict(batch_size=6, num_workers=2, collate_fn=drawing_collate,
-                   multiprocessing_context="fork")  # fmt: skip
-    want = read(torch.utils.data.DataLoader(OneByOne(ReadByIndex(draw), 3), **options))
+
+@pytest.mark.parametrize("workers", [2, 0])
+@pytest.mark.parametrize("draw", ["nothing", "torch", "numpy", "random"])
+def test_a_collate_drawing_after_a_batched_read_draws_what_it_drew_after_reads_by_index(
+    draw, workers
+):
+    """In a worker and, through torchfeed.loader, in the main process (num_workers=0)."""
+    options = dict(batch_size=6, collate_fn=drawing_collate)
+    want = read_drawn(torch.utils.data.DataLoader(OneByOne(ReadByIndex(draw), 3), num_workers=2,
+                                                  multiprocessing_context="fork", **options))  # fmt: skip
+    extra = {"multiprocessing_context": "fork"} if workers else {}
     for data in (ReadByIndex(draw), Batched(draw)):
-        assert read(torchfeed.loader(data, seed_samples=3, **options)) == want
+        got = read_drawn(torchfeed.loader(data, seed_samples=3, num_workers=workers, **options,
+                                          **extra))  # fmt: skip
+        assert got == want
     assert len({d for _, d in want}) == len(want)  # a draw of its own for every batch
+
+
+@pytest.mark.parametrize("draw", ["torch", "numpy"])
+@pytest.mark.parametrize("data", ["by index", "batched"])
+def test_in_the_main_process_the_loop_draws_its_own_between_batches(draw, data):
+    """torchfeed.loader with num_workers=0: the collate draws as in a worker (above), and the
+    loop between batches what it draws over an unseeded dataset that draws nothing; a
+    ``dataset[i]`` of the user's own, between batches, leaves the loop's draws alone too."""
+
+    def run(dataset, seed_samples):
+        torch.manual_seed(5)
+        np.random.seed(5)
+        random.seed(5)
+        np.random.randn()  # a gaussian cached in numpy's state
+        loader = torchfeed.loader(dataset, seed_samples=seed_samples, batch_size=6,
+                                  collate_fn=drawing_collate if seed_samples else collate)  # fmt: skip
+        loop = []
+        for _ in loader:
+            loader.dataset[0]
+            loop.append((torch.rand(()).item(), float(np.random.randn()), random.random()))
+        return loop
+
+    make = Batched if data == "batched" else ReadByIndex
+    got = run(make(draw), 3)
+    assert got == run(make("nothing"), False) and len(set(got)) == len(got) > 2
 
 
 class Logged(ReadByIndex):

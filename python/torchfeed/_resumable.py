@@ -257,7 +257,12 @@ class ResumableLoader(DataLoader):
         if not isinstance(source, ShardedIterableDataset):
             it = self._make_iterator()
             drop, self._drop_batches = self._drop_batches, 0
-            return _Counting(self, _Dropping(it, drop) if drop else it)
+            it = _Dropping(it, drop) if drop else it
+            if self.num_workers == 0 and isinstance(self.dataset, SeedPerSample):
+                # its reads leave the generators as in a worker, for the collate; they go back
+                # to the loop's own states after each batch
+                return _Counting(self, it, keep_generators=self.dataset)
+            return _Counting(self, it)
         # the samples a fetch collates, for the iterator made now (and workers started now):
         # not for another loader over the same dataset
         source._per_fetch = self.batch_size if (self.batch_size or 0) > 1 else None
@@ -391,27 +396,38 @@ class ResumableLoader(DataLoader):
 
 
 class _Counting:
-    """The loader's iterator, counting the batches it yields; with ``keep_generators``, torch's,
-    numpy's and ``random``'s states are set back after each batch to what they were before it
-    (a stream read in this process: its reads seed them), so that the loop's own draws are not
-    disturbed."""
+    """The loader's iterator, counting the batches it yields. With ``keep_generators`` (the
+    dataset is read in this process, and its reads seed the generators), torch's, numpy's and
+    ``random``'s states are set back after each batch to what they were before it, so that the
+    loop's own draws are not disturbed; the collate draws as in a worker, from the states the
+    reads leave. A SeedPerSample given there leaves them so while a batch is made (it sets them
+    back itself otherwise: a ``dataset[i]`` of the user's own)."""
 
     def __init__(
-        self, loader: ResumableLoader, it: Iterator[Any], keep_generators: bool = False
+        self,
+        loader: ResumableLoader,
+        it: Iterator[Any],
+        keep_generators: bool | SeedPerSample = False,
     ) -> None:
-        self._loader, self._it, self._keep = loader, it, keep_generators
+        self._loader, self._it = loader, it
+        self._keep = keep_generators is not False
+        self._seeded = keep_generators if isinstance(keep_generators, SeedPerSample) else None
 
     def __iter__(self) -> _Counting:
         return self
 
     def __next__(self) -> Any:
         saved = _generator_states() if self._keep else None
+        if self._seeded is not None:
+            self._seeded.__dict__["_loop_kept"] = True
         try:
             batch = next(self._it)
         except StopIteration:
             self._loader._epoch_done()
             raise
         finally:
+            if self._seeded is not None:
+                self._seeded.__dict__["_loop_kept"] = False
             if saved is not None:
                 _set_generator_states(saved)
         self._loader._batches += 1

@@ -150,7 +150,7 @@ def seed_sample(seed: int, epoch: int, index: int, sample: int = 0) -> None:
 
 # What a SeedPerSample learns in a process, never pickled: its epoch's view and mixed prefix,
 # and what its reads were seen to draw
-_PER_PROCESS = ("_epoch_view", "_prefix", "_checked", "_drew")
+_PER_PROCESS = ("_epoch_view", "_prefix", "_checked", "_drew", "_loop_kept")
 
 
 class SeedPerSample(Dataset):
@@ -162,10 +162,12 @@ class SeedPerSample(Dataset):
     (``seed_samples=``) and sets its epoch; ``set_epoch`` reaches persistent workers (shared
     memory). In the main process (``num_workers=0``) the three generators' states are restored
     after each batch (after each sample read by ``dataset[i]``), so the training loop's own draws
-    are not disturbed. The DataLoader's batched read (:meth:`__getitems__`) seeds numpy's
-    generator and ``random`` once a batch while the reads leave them untouched, and keeps a
-    dataset's own batched read (``__getitems__``, as a Hugging Face dataset has) while it draws
-    nothing. Other attributes are the wrapped dataset's."""
+    are not disturbed: by torchfeed.loader after the collate, which then draws as in a worker
+    (the same after a resume), else by this dataset after the reads. The DataLoader's batched
+    read (:meth:`__getitems__`) seeds numpy's generator and ``random`` once a batch while the
+    reads leave them untouched, and keeps a dataset's own batched read (``__getitems__``, as a
+    Hugging Face dataset has) while it draws nothing. Other attributes are the wrapped
+    dataset's."""
 
     def __init__(self, dataset: Any, seed: int = 0) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -208,8 +210,14 @@ class SeedPerSample(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def _in_worker(self) -> bool:
+        """Whether the generators are left as seeding and reading leave them: in a worker, and
+        while torchfeed.loader, which sets them back after each batch, makes one in the main
+        process (``_loop_kept``)."""
+        return get_worker_info() is not None or bool(self.__dict__.get("_loop_kept"))
+
     def __getitem__(self, index: int) -> Any:
-        if get_worker_info() is not None:
+        if self._in_worker():
             _seed_generators(self._sample_seed(int(index)))
             return self.dataset[index]
         saved = _generator_states()
@@ -235,14 +243,15 @@ class SeedPerSample(Dataset):
         first batch reads its first sample alone first, so a dataset that draws reads one
         sample twice, not a batch. A worker's generators are then as reads by index leave them
         (seeded for the last sample, then its draws), so what it draws next (a collate's random
-        transform) is what it drew after them; the main process gets its own states back, once
-        a batch."""
+        transform) is what it drew after them, and so are the main process's while
+        torchfeed.loader makes a batch there (it sets them back after the collate); otherwise
+        the main process gets its own states back, once a batch."""
         if not hasattr(indices, "__len__") or not hasattr(indices, "__getitem__"):
             indices = list(indices)  # (a batch sampler may yield any iterable of indices)
         if len(indices) == 0:  # (or an array, or a tensor: kept for a batched read of its own)
             return []
         seeds = self._sample_seeds(indices)
-        saved = None if get_worker_info() is not None else _generator_states()
+        saved = None if self._in_worker() else _generator_states()
         try:
             batch = None
             if not self.__dict__.get("_drew"):
