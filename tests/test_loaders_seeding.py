@@ -467,3 +467,26 @@ def test_a_batch_sampler_may_yield_any_iterable_of_indices(kind, data):
     loader = torchfeed.loader(dataset, batch_sampler=[make(b) for b in batches],
                               collate_fn=collate)  # fmt: skip
     assert [[int(s[0]) for s in b] for b in loader] == batches
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_random_collate_draws_the_same_after_a_resume(workers):
+    def run(steps=None, state=None):
+        torch.manual_seed(0)
+        loader = torchfeed.loader(ReadByIndex("torch"), seed_samples=3, batch_size=4,
+                                  shuffle=True, num_workers=workers, collate_fn=drawing_collate)  # fmt: skip
+        if state is not None:
+            loader.load_state_dict(state)
+        out = []
+        for b, d in loader:
+            out.append((tuple(s[:2] for s in b), d))
+            if len(out) == steps:
+                return out, loader.state_dict()
+        return out, None
+
+    full, _ = run()
+    assert len({d for _, d in full}) == len(full)
+    for steps in (1, 4):
+        head, state = run(steps)
+        tail, _ = run(state=state)
+        assert head + tail == full, steps
