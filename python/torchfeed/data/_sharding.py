@@ -16,8 +16,9 @@ from torchfeed.data._seeding import _START, _mix, seed_sample
 
 __all__ = ["ShardedIterableDataset"]
 
-# What an iteration learns in a process, never pickled: the fetch size it reads for, the last
-# grouped sample's seed and torch state, and whether reads were seen to draw from numpy/random
+# What an iteration learns in a process, never pickled: whether it reads shards in groups, the
+# last grouped sample's seed and torch state, how many read samples wait to be yielded, and
+# whether reads were seen to draw from numpy/random
 _PER_PROCESS = ("_grouped", "_last", "_buffered", "_host_drew", "_host_checked")
 
 
@@ -337,9 +338,9 @@ class ShardedIterableDataset(IterableDataset):
 
         Read through torchfeed.loader or in the main process (``_grouped``), a shard that can be
         opened again (``open_item`` given, or an item that is not its own iterator) is read in
-        groups (:func:`read_groups`) until
-        a read draws from numpy or ``random``: that group is read again, all three seeded
-        before every sample, as everything after it in this process is."""
+        groups (:func:`read_groups`) until a read draws from numpy or ``random``: that group is
+        read again, all three seeded before every sample, as everything after it in this
+        process is."""
         if self.mode == "sample":
             if start == 0:
                 if self.seed_samples:
