@@ -245,6 +245,28 @@ def test_a_subset_which_passes_batches_on_draws_what_reads_by_index_draw(draw):
     assert ds.__getitems__([0, 1, 2]) + ds.__getitems__([3, 4]) == by_index
 
 
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_subset_of_a_dataset_read_by_index_is_read_by_index(nested):
+    """A random_split of a dataset that augments with torch: each sample read once (a Subset's
+    batched read would be found drawing, its first sample read twice and every later sample
+    seeded all three ways); a Subset of a dataset with a batched read of its own keeps it."""
+    inner = Logged(numpy_from=N, torch=True)
+    subset = torch.utils.data.Subset(inner, [5, 2, 9, 30, 7, 1, 0])
+    if nested:
+        subset = torch.utils.data.Subset(subset, [6, 5, 4, 3, 2, 1, 0])
+    order = [subset[i][0] for i in range(7)]
+    inner.reads.clear()
+    ds = SeedPerSample(subset, seed=5)
+    got = ds.__getitems__([0, 1, 2]) + ds.__getitems__([3, 4, 5, 6])
+    assert inner.reads == order  # each once, in order
+    assert not ds.__dict__.get("_drew")
+    assert got == [ds[i] for i in range(7)]
+    batched = Batched()
+    ds = SeedPerSample(torch.utils.data.Subset(batched, [4, 1, 3]), seed=5)
+    assert [s[2] for s in ds.__getitems__([0, 1, 2])] == ["batched"] * 3
+    assert batched.batched_reads == [[4], [1, 3]]
+
+
 def test_a_batched_read_that_returns_no_list_is_read_by_index():
     class Columns(Batched):
         def __getitems__(self, indices):  # a batch of columns, not the list of samples

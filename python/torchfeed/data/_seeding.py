@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 from numpy.random import mtrand
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset, Subset, get_worker_info
 
 from torchfeed.data._distributed import rank_and_world_size
 
@@ -124,6 +124,19 @@ def _host_fingerprint() -> tuple[bytes, tuple[int, ...]]:
     state compared)."""
     key = random.getstate()[1]
     return _numpy_key_reader()(), (key[0], key[1], key[623], key[-1])
+
+
+def _own_batched_read(dataset: Any) -> Callable[[list[int]], Any] | None:
+    """``dataset.__getitems__``, unless it only passes the batch on to reads by index: a
+    ``Subset`` (what ``random_split`` makes) has one whatever it wraps, and over a dataset read
+    by index it is that dataset's ``__getitem__`` per sample, which the reads by index seed for
+    less (torch's generator per sample, not all three, once a sample drew)."""
+    inner = dataset
+    while isinstance(inner, Subset):
+        inner = inner.dataset
+    if inner is not dataset and not callable(getattr(inner, "__getitems__", None)):
+        return None
+    return getattr(dataset, "__getitems__", None)
 
 
 def _read_drawing_nothing(
@@ -236,7 +249,8 @@ class SeedPerSample(Dataset):
           for the batch's first sample, their states compared after the batch;
         - a dataset with a batched read of its own (``__getitems__``: a Hugging Face dataset
           reads a batch as one slice of its table, 2-3x faster than row by row; a ``Subset``
-          passes batches on): that read, all three seeded as for its first sample and compared.
+          passes batches on to one): that read, all three seeded as for its first sample and
+          compared. A ``Subset`` of a dataset read by index is read by index.
 
         A batch whose reads drew from a generator seeded once is read again sample by sample,
         all three seeded before each, as every later batch in this process is. A process's
@@ -271,7 +285,7 @@ class SeedPerSample(Dataset):
         """The batch read with the generators seeded as :meth:`__getitems__` says, or None when
         a generator seeded once was drawn from (or the dataset's batched read returned no
         list)."""
-        batched = getattr(self.dataset, "__getitems__", None)
+        batched = _own_batched_read(self.dataset)
         checked = self.__dict__.get("_checked")  # per process: None until a first read
         batch: list[Any] = []
         for cut in [slice(None)] if checked else [slice(1), slice(1, None)]:
