@@ -1,0 +1,91 @@
+"""The iterators a ResumableLoader's epoch goes through: its sampler without the batches a
+resumed epoch consumed (``_Skipping``), its stream without them (``_Dropping``), and the count of
+the batches it yields, with what a checkpoint needs of them (``_Counting``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torchfeed.data._seeding import SeedPerSample, _generator_states, _set_generator_states
+
+__all__: list[str] = []
+
+
+class _Skipping:
+    """An index sampler without its first ``skip`` batches (a resumed generic sampler)."""
+
+    def __init__(self, base: Any, skip: int) -> None:
+        self.base, self.skip = base, skip
+
+    def __iter__(self) -> Iterator[Any]:
+        # a generator: the sampler draws its order at the first batch, as it would unwrapped
+        it = iter(self.base)
+        for _ in range(self.skip):
+            next(it, None)
+        yield from it
+
+    def __len__(self) -> int:
+        return max(0, len(self.base) - self.skip)
+
+
+class _Dropping:
+    """A DataLoader iterator without its first ``drop`` batches (a resumed generic
+    IterableDataset: its stream is read again from the start, and what was consumed dropped)."""
+
+    def __init__(self, it: Iterator[Any], drop: int) -> None:
+        self._it, self._drop = it, drop
+
+    def __iter__(self) -> _Dropping:
+        return self
+
+    def __next__(self) -> Any:
+        while self._drop > 0:
+            self._drop -= 1
+            next(self._it)
+        return next(self._it)
+
+    def __len__(self) -> int:
+        return max(0, len(self._it) - self._drop)  # type: ignore[arg-type]
+
+
+class _Counting:
+    """The loader's iterator, counting the batches it yields. With ``keep_generators`` (the
+    dataset is read in this process, and its reads seed the generators), torch's, numpy's and
+    ``random``'s states are set back after each batch to what they were before it, so that the
+    loop's own draws are not disturbed; the collate draws as in a worker, from the states the
+    reads leave. A SeedPerSample given there leaves them so while a batch is made (it sets them
+    back itself otherwise: a ``dataset[i]`` of the user's own)."""
+
+    def __init__(
+        self,
+        loader: Any,  # the ResumableLoader
+        it: Iterator[Any],
+        keep_generators: bool | SeedPerSample = False,
+    ) -> None:
+        self._loader, self._it = loader, it
+        self._keep = keep_generators is not False
+        self._seeded = keep_generators if isinstance(keep_generators, SeedPerSample) else None
+
+    def __iter__(self) -> _Counting:
+        return self
+
+    def __next__(self) -> Any:
+        saved = _generator_states() if self._keep else None
+        if self._seeded is not None:
+            self._seeded.__dict__["_loop_kept"] = True
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._loader._epoch_done()
+            raise
+        finally:
+            if self._seeded is not None:
+                self._seeded.__dict__["_loop_kept"] = False
+            if saved is not None:
+                _set_generator_states(saved)
+        self._loader._batches += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._it)  # type: ignore[arg-type]
