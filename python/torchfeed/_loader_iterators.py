@@ -84,7 +84,7 @@ class _Counting:
                 self._seeded.__dict__["_loop_kept"] = False
             if saved is not None:
                 _set_generator_states(saved)
-        self._loader._batches += 1
+        self._loader._batch_read()
         return batch
 
     def __len__(self) -> int:

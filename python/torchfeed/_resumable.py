@@ -4,6 +4,7 @@ in the epoch exactly once)."""
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import sys
 import warnings
@@ -161,6 +162,10 @@ class ResumableLoader(DataLoader):
         super().__init__(dataset, *args, **kwargs)
         self._epoch_index = 0  # this loader's epochs begun so far (the per-sample seeds' epoch)
         self._batches = 0  # yielded by the current epoch's iterator
+        # read ahead by a DevicePrefetcher: the batches its loop has (None: no prefetcher), and
+        # a stream's own positions after each batch read since (_track_consumption)
+        self._consumed: int | None = None
+        self._pulled: dict[int, Any] = {}
         self._rng: torch.Tensor | None = None  # the random state the epoch started from
         self._progress: tuple[list[int], list[int]] | None = None
         self._pending: dict[str, Any] | None = None
@@ -194,6 +199,7 @@ class ResumableLoader(DataLoader):
         return super().__iter__()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._consumed, self._pulled = None, {}
         pending, self._pending = self._pending, None
         if pending is not None and pending.get("rng") is not None:
             if self.generator is not None:
@@ -238,6 +244,33 @@ class ResumableLoader(DataLoader):
         finally:
             source._per_fetch = None
 
+    def _track_consumption(self) -> None:
+        """For a DevicePrefetcher, right after it made this epoch's iterator: a checkpoint then
+        records the batches its training loop has (``_consumed``, set as it hands each one on),
+        not the ones read ahead, and a stream that keeps its own position is noted after each
+        batch read (``_pulled``)."""
+        self._consumed = self._batches
+        if self._own_position():
+            self._pulled = {self._batches: copy.deepcopy(self.dataset.state_dict())}  # type: ignore[attr-defined]
+
+    def _own_position(self) -> bool:
+        return (
+            self.num_workers == 0
+            and isinstance(self.dataset, IterableDataset)
+            and self._source() is None
+            and hasattr(self.dataset, "state_dict")
+        )
+
+    def _batch_read(self) -> None:
+        """After each batch this epoch's iterator yields (in a prefetcher's thread, if any)."""
+        self._batches += 1
+        consumed = self._consumed
+        if consumed is not None and self._own_position():
+            position = self.dataset.state_dict()  # type: ignore[attr-defined]
+            self._pulled[self._batches] = copy.deepcopy(position)
+            for k in [k for k in self._pulled if k < consumed]:
+                del self._pulled[k]  # (never the one a checkpoint would take now)
+
     def _sample_epoch(self) -> int:
         """The epoch the per-sample seeds use: the sampler's, else this loader's count."""
         sampler = getattr(self.batch_sampler, "sampler", None)
@@ -256,10 +289,11 @@ class ResumableLoader(DataLoader):
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands after the batches yielded so far."""
         batch_size = self.batch_size or 1
+        batches = self._batches if self._consumed is None else self._consumed
         state: dict[str, Any] = {
             "kind": _KIND,
             "version": _VERSION,
-            "batches": self._batches,
+            "batches": batches,
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
             "num_workers": self.num_workers,
@@ -270,9 +304,7 @@ class ResumableLoader(DataLoader):
         source = self._source()
         if isinstance(source, DistributedSampler):
             base, left = self._progress or source.progress()
-            consumed = [
-                b + min(n, self._batches * batch_size) for b, n in zip(base, left, strict=True)
-            ]
+            consumed = [b + min(n, batches * batch_size) for b, n in zip(base, left, strict=True)]
             state["source"] = source.checkpoint(consumed)
         elif isinstance(source, ShardedIterableDataset):
             _, world, workers = self._consumers()
@@ -283,7 +315,7 @@ class ResumableLoader(DataLoader):
                 # worker w reads consumer rank * workers + (w + rotation) % workers
                 ids = [r * workers + (w + rotation) % workers for w in range(workers)]
                 made, next_worker = worker_batches(
-                    [left[c] for c in ids], batch_size, self.drop_last, self._batches
+                    [left[c] for c in ids], batch_size, self.drop_last, batches
                 )
                 for w, c in enumerate(ids):
                     consumed[c] = base[c] + min(left[c], made[w] * batch_size)
@@ -292,7 +324,11 @@ class ResumableLoader(DataLoader):
                 world * workers, consumed, (rotation + next_worker) % workers
             )
         if hasattr(self.dataset, "state_dict") and not isinstance(source, ShardedIterableDataset):
-            state["dataset"] = self.dataset.state_dict()
+            if self._consumed is None or not self._own_position():
+                state["dataset"] = self.dataset.state_dict()
+            elif batches in self._pulled:  # where the stream stood after the loop's last batch
+                state["dataset"] = self._pulled[batches]
+            # (else none: the resumed stream is read again and the consumed batches dropped)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -45,7 +45,9 @@ class DevicePrefetcher:
     itself after every copy from it) are copied from there, with no staging. Up to
     ``depth`` batches are prepared ahead. ``len()`` is the loader's; each ``iter()`` is an epoch.
     An exception in the loader (a worker's, say) is raised in the training loop; leaving the loop
-    (its end, ``break``, an exception) stops the thread.
+    (its end, ``break``, an exception) stops the thread. Over a torchfeed loader
+    (:class:`ResumableLoader`, what :func:`torchfeed.loader` returns), the loader's
+    ``state_dict()`` records the batches handed to the loop, not those read ahead.
     """
 
     def __init__(
@@ -147,8 +149,14 @@ class _Producer:
         self.owner = owner
         self.queue: queue.Queue = queue.Queue(maxsize=owner.depth)
         self.stop = threading.Event()
+        it = iter(owner.loader)
+        # a torchfeed loader checkpoints the batches the loop has, not those read ahead
+        track = getattr(owner.loader, "_track_consumption", None)
+        self.counted: Any = owner.loader if callable(track) else None
+        if track is not None:
+            track()
         self.thread = threading.Thread(
-            target=self.run, args=(iter(owner.loader),), name="torchfeed-prefetch", daemon=True
+            target=self.run, args=(it,), name="torchfeed-prefetch", daemon=True
         )
         self.thread.start()
 
@@ -168,7 +176,9 @@ class _Producer:
             for batch in it:
                 if self.stop.is_set():
                     return
-                item = self.owner._prepare(batch)
+                # the loader's count with this batch: the loop has it once it is handed on
+                tag = None if self.counted is None else self.counted._batches
+                item = (*self.owner._prepare(batch), tag)
                 del batch
                 if not self.put(item):
                     return
@@ -218,7 +228,9 @@ class _PrefetchIterator:
         if isinstance(item, _Failure):
             self.close()
             raise item.error
-        batch, ready = item
+        batch, ready, tag = item
+        if tag is not None:
+            producer.counted._consumed = tag
         if ready is not None:
             consumer = torch.cuda.current_stream(self._owner.device)
             consumer.wait_event(ready)
