@@ -166,6 +166,9 @@ class ResumableLoader(DataLoader):
         # a stream's own positions after each batch read since (_track_consumption)
         self._consumed: int | None = None
         self._pulled: dict[int, Any] = {}
+        # of this epoch, the batches consumed before a resume that a sampler's or sharded
+        # stream's own state skips (_batches then counts from 0): the epoch's count is the sum
+        self._resumed_from = 0
         self._rng: torch.Tensor | None = None  # the random state the epoch started from
         self._progress: tuple[list[int], list[int]] | None = None
         self._pending: dict[str, Any] | None = None
@@ -201,6 +204,9 @@ class ResumableLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._consumed, self._pulled = None, {}
         pending, self._pending = self._pending, None
+        self._resumed_from = 0
+        if pending is not None and "source" in pending:
+            self._resumed_from = int(pending["batches"])
         if pending is not None and pending.get("rng") is not None:
             if self.generator is not None:
                 self.generator.set_state(pending["rng"])
@@ -293,7 +299,7 @@ class ResumableLoader(DataLoader):
         state: dict[str, Any] = {
             "kind": _KIND,
             "version": _VERSION,
-            "batches": batches,
+            "batches": self._resumed_from + batches,  # of the epoch
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
             "num_workers": self.num_workers,

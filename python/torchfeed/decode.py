@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchfeed._batch_rng import resolve
 from torchfeed._options import check_bool, check_generator, check_range
 from torchfeed._pil import read_bytes
 from torchfeed.limits import check_image_pixels
@@ -296,7 +297,7 @@ class DecodeRandomCrop:
 
     def __call__(self, data: Any) -> Tensor | tuple[Tensor, Box]:
         source = _Source(_as_encoded(data))
-        box = resized_crop_box(*source.size, self.scale, self.ratio, self.generator)
+        box = resized_crop_box(*source.size, self.scale, self.ratio, resolve(self.generator))
         window = source.window(box, self.size)
         return (window, box) if self.return_box else window
 

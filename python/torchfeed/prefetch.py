@@ -6,12 +6,14 @@ import queue
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
+from torchfeed._batch_rng import drawing_from
 from torchfeed._tree import map_tensors, tensors_of
+from torchfeed.data._seeding import derive_seed
 from torchfeed.memory._pinned_ring import PinnedRing
 
 __all__ = ["DevicePrefetcher"]
@@ -48,6 +50,15 @@ class DevicePrefetcher:
     (its end, ``break``, an exception) stops the thread. Over a torchfeed loader
     (:class:`ResumableLoader`, what :func:`torchfeed.loader` returns), the loader's
     ``state_dict()`` records the batches handed to the loop, not those read ahead.
+
+    ``transform`` runs in the prefetcher's thread, beside the training loop's: torchfeed's
+    random transforms given no ``generator`` draw there from one seeded for each batch from
+    (``seed``, epoch, batch), not from torch's global generator, which the loop's thread draws
+    from too (in an order that changed from run to run). So the same seeds give the same
+    augmentation, the loop's own draws are its own, and over a torchfeed loader a resumed run
+    draws what the uninterrupted one drew (its epoch and batch count are the loader's).
+    ``seed=None``: ``torch.initial_seed()`` when the prefetcher is made. A torchvision
+    transform in ``transform`` still draws from the global generator.
     """
 
     def __init__(
@@ -57,9 +68,12 @@ class DevicePrefetcher:
         pinned_ring: PinnedRing | bool | None = None,
         transform: Callable[[Any], Any] | None = None,
         depth: int = 2,
+        seed: int | None = None,
     ) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be an int >= 1, got {depth!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         if pinned_ring is not None and not isinstance(pinned_ring, PinnedRing | bool):
@@ -83,6 +97,8 @@ class DevicePrefetcher:
         self._warned_oversize = False
         self.transform = transform
         self.depth = depth
+        self.seed = torch.initial_seed() if seed is None else seed
+        self._epochs = 0  # iterators made (the epoch of a loader that does not count its own)
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -152,9 +168,17 @@ class _Producer:
         it = iter(owner.loader)
         # a torchfeed loader checkpoints the batches the loop has, not those read ahead
         track = getattr(owner.loader, "_track_consumption", None)
-        self.counted: Any = owner.loader if callable(track) else None
+        self.counted: Any = cast(Any, owner.loader) if callable(track) else None
         if track is not None:
             track()
+        # the transform's draws: each batch's from (seed, epoch, batch) (_batch_rng), the
+        # loader's own epoch and count where it keeps them (the same after a resume)
+        owner._epochs += 1
+        if self.counted is not None:
+            self.epoch, self.first = self.counted._sample_epoch(), self.counted._resumed_from
+        else:
+            self.epoch, self.first = owner._epochs, 0
+        self.generator = torch.Generator()
         self.thread = threading.Thread(
             target=self.run, args=(it,), name="torchfeed-prefetch", daemon=True
         )
@@ -173,12 +197,15 @@ class _Producer:
         try:
             if self.owner.device.type == "cuda":
                 torch.cuda.set_device(self.owner.device)
-            for batch in it:
+            for read, batch in enumerate(it, 1):
                 if self.stop.is_set():
                     return
                 # the loader's count with this batch: the loop has it once it is handed on
                 tag = None if self.counted is None else self.counted._batches
-                item = (*self.owner._prepare(batch), tag)
+                index = self.first + (read if tag is None else tag)
+                self.generator.manual_seed(derive_seed(self.owner.seed, self.epoch, index, -2))
+                with drawing_from(self.generator):
+                    item = (*self.owner._prepare(batch), tag)
                 del batch
                 if not self.put(item):
                     return

@@ -21,6 +21,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
+from torchfeed._batch_rng import resolve
 from torchfeed.ops._image_op import resize_center_crop_grid, resized_size
 
 __all__ = ["CenterCrop", "Flip", "NotExact", "Plan", "RandomCrop", "Resize", "Step"]
@@ -176,6 +177,7 @@ class Plan:
         """The random parameters of a batch: ``boxes`` ``[B, 4]`` int64 (top, left, height,
         width) with a random crop, ``flips`` ``[B]`` bool with a flip; boxes first, then flips
         (one op draws both: a compiled graph cannot reorder them)."""
+        generator = resolve(generator)
         crop, flip = self._crop, self._flip
         if crop is not None and flip is not None:
             boxes, flips = torch.ops.torchfeed.sample_crops_and_flips(

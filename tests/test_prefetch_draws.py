@@ -1,0 +1,128 @@
+"""What a DevicePrefetcher's transform draws: torchfeed's random transforms given no generator
+draw, in the prefetcher's thread, from one seeded for each batch from (seed, epoch, batch), so
+the same seeds give the same augmentation (they shared torch's global generator with the
+training loop's thread, in an order that changed from run to run), the loop's own draws are its
+own, and a resumed run draws what the uninterrupted one drew."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import torchfeed
+from torchfeed.data import DistributedSampler, ShardedIterableDataset
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+N, BATCH = 48, 4
+CROP = torchfeed.RandomResizedCropFlipNormalize(8, mean=[0.5], std=[0.5], return_params=True)
+
+
+def image(i: int) -> torch.Tensor:
+    return torch.full((1, 20 + i % 7, 30 + i % 5), i, dtype=torch.uint8)
+
+
+def boxes(batch):
+    """The transform's draws for a batch of (index, image) samples: index -> box and flip."""
+    indices, images = zip(*batch, strict=True)
+    _, params = CROP(list(images))
+    return [(i, *params["boxes"][k].tolist(), bool(params["flips"][k]))
+            for k, i in enumerate(indices)]  # fmt: skip
+
+
+def run(steps: int | None = None, pause: float = 0.0, transform=boxes):
+    """(the transform's draws, the loop's own torch draws) over a plain DataLoader."""
+    torch.manual_seed(0)
+    data = [(i, image(i)) for i in range(N)]
+    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, collate_fn=list)
+    drawn, loop = [], []
+    for out in torchfeed.DevicePrefetcher(loader, "cpu", transform=transform):
+        drawn.append(out)
+        time.sleep(pause)  # the prefetcher's thread runs meanwhile
+        loop.append(torch.rand(()).item())
+    return drawn, loop
+
+
+def test_the_same_seeds_draw_the_same_and_the_loop_draws_its_own():
+    first, loop = run(pause=0.002)
+    for pause in (0.0, 0.005):
+        assert run(pause=pause) == (first, loop)
+    _, alone = run(transform=lambda batch: batch)  # a transform that draws nothing
+    assert loop == alone
+    assert len({d[1:] for b in first for d in b}) > N // 2  # the draws differ image to image
+
+
+def test_a_transform_given_a_generator_draws_from_it():
+    def seeded(batch):
+        return boxes_from(batch, generator)
+
+    def boxes_from(batch, g):
+        t = torchfeed.RandomResizedCropFlipNormalize(8, mean=[0.5], std=[0.5], generator=g,
+                                                     return_params=True)  # fmt: skip
+        return t([img for _, img in batch])[1]["boxes"].tolist()
+
+    generator = torch.Generator().manual_seed(3)
+    drawn, _ = run(transform=seeded)
+    again = torch.Generator().manual_seed(3)
+    data = [(i, image(i)) for i in range(N)]
+    assert drawn == [boxes_from(data[k : k + BATCH], again) for k in range(0, N, BATCH)]
+
+
+def make(kind: str, workers: int):
+    torch.manual_seed(0)  # as a run starts
+    data = [(i, image(i)) for i in range(N)]
+    if kind == "sharded":
+
+        def shard(s):
+            return data[s * 12 : (s + 1) * 12]
+
+        ds = ShardedIterableDataset(list(range(4)), shard, item_lengths=[12] * 4)
+        return torchfeed.loader(ds, batch_size=BATCH, num_workers=workers, collate_fn=list)
+    sampler = DistributedSampler(N, 1, 0, seed=3) if kind == "distributed" else None
+    return torchfeed.loader(data, batch_size=BATCH, shuffle=sampler is None, sampler=sampler,
+                            num_workers=workers, collate_fn=list)  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind", ["sampler", "distributed", "sharded"])
+def test_a_resumed_run_draws_what_the_uninterrupted_one_drew(kind, workers):
+    """Resumed twice in the same epoch: the second checkpoint counts the epoch's batches from
+    its start (a sampler's or sharded stream's own state skips the first part)."""
+
+    def part(state=None, steps=None):
+        loader = make(kind, workers)
+        if state is not None:
+            loader.load_state_dict(state)
+        it = iter(torchfeed.DevicePrefetcher(loader, "cpu", transform=boxes))
+        got = [b for _, b in zip(range(steps or N), it, strict=False)]
+        state = loader.state_dict()
+        it.close()
+        return got, state
+
+    full, _ = part()
+    for steps in (1, 5):
+        head, state = part(steps=steps)
+        assert state["batches"] == steps
+        middle, state = part(state, steps=2)
+        assert state["batches"] == steps + 2
+        tail, _ = part(state)
+        assert head + middle + tail == full, steps
+
+
+def test_another_epoch_and_another_seed_draw_otherwise():
+    loader = make("sampler", 0)
+    prefetcher = torchfeed.DevicePrefetcher(loader, "cpu", transform=boxes)
+    first, second = list(prefetcher), list(prefetcher)
+    by_index = [{d[0]: d[1:] for b in epoch for d in b} for epoch in (first, second)]
+    assert by_index[0] != by_index[1]
+    other = torchfeed.DevicePrefetcher(make("sampler", 0), "cpu", transform=boxes, seed=7)
+    assert list(other) != first
+
+
+def test_a_bad_seed_is_refused():
+    with pytest.raises(TypeError, match="seed must be an int or None, got str"):
+        torchfeed.DevicePrefetcher([], "cpu", seed="1")
+    with pytest.raises(TypeError, match="seed must be an int or None, got bool"):
+        torchfeed.DevicePrefetcher([], "cpu", seed=True)
