@@ -169,8 +169,8 @@ class _Producer:
         # a torchfeed loader checkpoints the batches the loop has, not those read ahead
         track = getattr(owner.loader, "_track_consumption", None)
         self.counted: Any = cast(Any, owner.loader) if callable(track) else None
-        if track is not None:
-            track()
+        if self.counted is not None:
+            self.counted._track_consumption()
         # the transform's draws: each batch's from (seed, epoch, batch) (_batch_rng), the
         # loader's own epoch and count where it keeps them (the same after a resume)
         owner._epochs += 1
@@ -202,10 +202,13 @@ class _Producer:
                     return
                 # the loader's count with this batch: the loop has it once it is handed on
                 tag = None if self.counted is None else self.counted._batches
-                index = self.first + (read if tag is None else tag)
-                self.generator.manual_seed(derive_seed(self.owner.seed, self.epoch, index, -2))
-                with drawing_from(self.generator):
+                if self.owner.transform is None:  # nothing draws: no generator to seed
                     item = (*self.owner._prepare(batch), tag)
+                else:
+                    index = self.first + (read if tag is None else tag)
+                    seed = derive_seed(self.owner.seed, self.epoch, index, -2)
+                    with drawing_from(self.generator.manual_seed(seed)):
+                        item = (*self.owner._prepare(batch), tag)
                 del batch
                 if not self.put(item):
                     return
