@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from torchfeed.data._seeding import SeedPerSample, _generator_states, _set_generator_states
+from torchfeed.data._seeding import SeedPerSample, kept_generators
 
 __all__: list[str] = []
 
@@ -71,19 +71,17 @@ class _Counting:
         return self
 
     def __next__(self) -> Any:
-        saved = _generator_states() if self._keep else None
-        if self._seeded is not None:
-            self._seeded.__dict__["_loop_kept"] = True
-        try:
-            batch = next(self._it)
-        except StopIteration:
-            self._loader._epoch_done()
-            raise
-        finally:
+        with kept_generators(self._keep):
             if self._seeded is not None:
-                self._seeded.__dict__["_loop_kept"] = False
-            if saved is not None:
-                _set_generator_states(saved)
+                self._seeded.__dict__["_loop_kept"] = True
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                self._loader._epoch_done()
+                raise
+            finally:
+                if self._seeded is not None:
+                    self._seeded.__dict__["_loop_kept"] = False
         self._loader._batch_read()
         return batch
 

@@ -15,20 +15,18 @@ region after the copy, so a worker never overwrites memory a copy may still be r
 
 from __future__ import annotations
 
-import random
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from torchfeed._extension import gpu_kernels_usable
 from torchfeed._resumable import ResumableLoader
 from torchfeed._tree import tensors_of
 from torchfeed.collate import DefaultCollate
+from torchfeed.data._seeding import kept_generators
 from torchfeed.memory._budget import memory_budget
 from torchfeed.memory._ring_base import check_timeout
 from torchfeed.memory._shared_ring import RingHandle, SharedRing
@@ -165,8 +163,7 @@ class ZeroCopyLoader(ResumableLoader):
         the samples read, and whether that is exact (the whole batch). Every random state it
         could move (torch's, numpy's, random's) is put back: the user's draws, and the batches
         the workers make, are the ordinary path's."""
-        saved = torch.get_rng_state(), np.random.get_state(), random.getstate()
-        try:
+        with kept_generators():
             size = len(self.dataset)  # type: ignore[arg-type]  # map-style: checked in __init__
             batch = min(self.batch_size or 1, size)
             first: list[Any] = []
@@ -180,10 +177,6 @@ class ZeroCopyLoader(ResumableLoader):
             )
             probe = len(first)
             return -(-nbytes * batch // max(probe, 1)), probe, probe == batch
-        finally:
-            torch.set_rng_state(saved[0])
-            np.random.set_state(saved[1])
-            random.setstate(saved[2])
 
     def _make_iterator(self) -> Iterator[Any]:
         if self.num_workers == 0:
