@@ -1,8 +1,9 @@
 """What a DevicePrefetcher's transform draws: torchfeed's random transforms given no generator
-draw, in the prefetcher's thread, from one seeded for each batch from (seed, epoch, batch), so
-the same seeds give the same augmentation (they shared torch's global generator with the
-training loop's thread, in an order that changed from run to run), the loop's own draws are its
-own, and a resumed run draws what the uninterrupted one drew."""
+draw, in the prefetcher's thread, from one seeded for each batch from (seed, epoch, rank, batch).
+So the same seeds give the same augmentation (they shared torch's global generator with the
+training loop's thread, in an order that changed from run to run), ranks seeded alike draw
+apart, the loop's own draws are its own, and a resumed run draws what the uninterrupted one
+drew."""
 
 from __future__ import annotations
 
@@ -52,6 +53,19 @@ def test_the_same_seeds_draw_the_same_and_the_loop_draws_its_own():
     _, alone = run(transform=lambda batch: batch)  # a transform that draws nothing
     assert loop == alone
     assert len({d[1:] for b in first for d in b}) > N // 2  # the draws differ image to image
+
+
+def test_ranks_seeded_alike_draw_apart(monkeypatch):
+    """Under torchrun every rank usually runs torch.manual_seed(same): seeded from (seed,
+    epoch, batch) alone, image j of batch k was cropped and flipped alike on every rank."""
+    drawn = {}
+    for rank in (0, 1, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        got, _ = run()
+        assert drawn.setdefault(rank, got) == got  # the same rank draws the same
+    for b0, b1 in zip(drawn[0], drawn[1], strict=True):  # the same samples, other draws
+        assert [d[1:] for d in b0] != [d[1:] for d in b1]
 
 
 def test_a_transform_given_a_generator_draws_from_it():

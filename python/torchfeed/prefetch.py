@@ -13,6 +13,7 @@ from torch import Tensor
 
 from torchfeed._batch_rng import drawing_from
 from torchfeed._tree import map_tensors, tensors_of
+from torchfeed.data._distributed import rank_and_world_size
 from torchfeed.data._seeding import derive_seed
 from torchfeed.memory._pinned_ring import PinnedRing
 
@@ -53,10 +54,12 @@ class DevicePrefetcher:
 
     ``transform`` runs in the prefetcher's thread, beside the training loop's: torchfeed's
     random transforms given no ``generator`` draw there from one seeded for each batch from
-    (``seed``, epoch, batch), not from torch's global generator, which the loop's thread draws
-    from too (in an order that changed from run to run). So the same seeds give the same
-    augmentation, the loop's own draws are its own, and over a torchfeed loader a resumed run
-    draws what the uninterrupted one drew (its epoch and batch count are the loader's).
+    (``seed``, epoch, rank, batch), not from torch's global generator, which the loop's thread
+    draws from too (in an order that changed from run to run). So the same seeds give the same
+    augmentation, ranks seeded alike draw apart, the loop's own draws are its own, and over a
+    torchfeed loader a run resumed on the same world size draws what the uninterrupted one drew
+    (its epoch and batch count are the loader's; on another, a batch holds other samples, and
+    its draws follow the batch, not the samples).
     ``seed=None``: ``torch.initial_seed()`` when the prefetcher is made. A torchvision
     transform in ``transform`` still draws from the global generator.
     """
@@ -171,13 +174,16 @@ class _Producer:
         self.counted: Any = cast(Any, owner.loader) if callable(track) else None
         if self.counted is not None:
             self.counted._track_consumption()
-        # the transform's draws: each batch's from (seed, epoch, batch) (_batch_rng), the
+        # the transform's draws: each batch's from (seed, epoch, rank, batch) (_batch_rng), the
         # loader's own epoch and count where it keeps them (the same after a resume)
         owner._epochs += 1
         if self.counted is not None:
             self.epoch, self.first = self.counted._sample_epoch(), self.counted._resumed_from
         else:
             self.epoch, self.first = owner._epochs, 0
+        # and the rank's: ranks seeded alike (the usual DDP setup) would otherwise crop and flip
+        # image j of their batch k alike
+        self.rank = rank_and_world_size()[0]
         self.generator = torch.Generator()
         self.thread = threading.Thread(
             target=self.run, args=(it,), name="torchfeed-prefetch", daemon=True
@@ -206,7 +212,7 @@ class _Producer:
                     item = (*self.owner._prepare(batch), tag)
                 else:
                     index = self.first + (read if tag is None else tag)
-                    seed = derive_seed(self.owner.seed, self.epoch, index, -2)
+                    seed = derive_seed(self.owner.seed, self.epoch, self.rank, index, -2)
                     with drawing_from(self.generator.manual_seed(seed)):
                         item = (*self.owner._prepare(batch), tag)
                 del batch
