@@ -121,3 +121,43 @@ def test_a_generic_source_resumed_on_another_world_size_is_an_error(kind, monkey
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ValueError, match="world size of 2, this run has 3"):
         make().load_state_dict(state)
+
+
+def flat(batches):
+    return [x.tolist() if torch.is_tensor(x) else x for b in batches for x in b]
+
+
+@pytest.mark.parametrize("kind", ["sampler", "stream"])
+@pytest.mark.parametrize("persistent", [True, False])
+def test_the_epochs_after_a_resumed_one_are_whole(kind, persistent):
+    """Persistent workers keep the DataLoader's iterator, and its sampler, for every later
+    epoch: a resumed shuffled loader dropped the batches its resume skipped from every epoch
+    after it (36 of 48 samples an epoch, here). A resumed epoch left early is not resumed
+    again by the next iter() either."""
+
+    def make():
+        torch.manual_seed(5)
+        data = list(range(48)) if kind == "sampler" else Stream(48)
+        return torchfeed.loader(data, batch_size=4, shuffle=kind == "sampler", num_workers=2,
+                                persistent_workers=persistent, collate_fn=collate)  # fmt: skip
+
+    def epoch(loader, stop=None):
+        return flat(b for _, b in zip(range(stop or 10**6), loader, strict=False))
+
+    dl = make()
+    uninterrupted = [epoch(dl) for _ in range(3)]
+    dl = make()
+    it = iter(dl)
+    head = flat([next(it) for _ in range(3)])
+    state = dl.state_dict()
+    del it
+    dl = make()
+    dl.load_state_dict(state)
+    assert head + epoch(dl) == uninterrupted[0]
+    assert [epoch(dl), epoch(dl)] == uninterrupted[1:]
+
+    dl = make()  # resumed, left after one batch: the next epoch is a whole one
+    dl.load_state_dict(state)
+    assert len(epoch(dl, stop=1)) == 4
+    ids = [x[0] if isinstance(x, tuple) else x for x in epoch(dl)]  # (a stream's draws: the
+    assert sorted(ids) == list(range(48))  # workers' own streams, which went on meanwhile)

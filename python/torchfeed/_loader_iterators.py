@@ -4,6 +4,7 @@ the batches it yields, with what a checkpoint needs of them (``_Counting``)."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,15 +14,25 @@ __all__: list[str] = []
 
 
 class _Skipping:
-    """An index sampler without its first ``skip`` batches (a resumed generic sampler)."""
+    """An index sampler without the batches a resumed epoch consumed (a resumed generic
+    sampler): as many as the loader says at each ``iter()``. Persistent workers keep the
+    DataLoader's iterator, and with it this sampler, for every later epoch, which the loader
+    then says are whole. (A weak reference: the loader holds that iterator, and a cycle
+    collected in a forked worker would shut down its parent's workers there.)"""
 
-    def __init__(self, base: Any, skip: int) -> None:
-        self.base, self.skip = base, skip
+    def __init__(self, base: Any, loader: Any) -> None:
+        self.base, self._loader = base, weakref.ref(loader)
+
+    @property
+    def skip(self) -> int:
+        loader = self._loader()
+        return 0 if loader is None else loader._skip_batches
 
     def __iter__(self) -> Iterator[Any]:
+        skip = self.skip
         # a generator: the sampler draws its order at the first batch, as it would unwrapped
         it = iter(self.base)
-        for _ in range(self.skip):
+        for _ in range(skip):
             next(it, None)
         yield from it
 

@@ -192,7 +192,7 @@ class ResumableLoader(DataLoader):
     def _index_sampler(self) -> Any:
         base = super()._index_sampler
         if self._skip_batches and not isinstance(self.dataset, IterableDataset):
-            return _Skipping(base, self._skip_batches)
+            return _Skipping(base, self)
         return base
 
     def _rng_state(self) -> torch.Tensor:
@@ -204,6 +204,8 @@ class ResumableLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._consumed, self._pulled = None, {}
         pending, self._pending = self._pending, None
+        if pending is None:  # a fresh epoch, even after a resumed one left before its end
+            self._skip_batches = self._drop_batches = 0
         self._resumed_from = 0
         if pending is not None and "source" in pending:
             self._resumed_from = int(pending["batches"])
