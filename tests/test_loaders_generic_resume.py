@@ -1,7 +1,9 @@
 """torchfeed.loader's checkpoints of generic sources, fast-forwarded: an IterableDataset of the
 user's own (its stream read again and the consumed batches dropped, or resumed where it keeps its
 own position), and a checkpoint taken in a resumed epoch (it counts the batches before the resume
-too). A change of world size or, for a stream, of num_workers is an error, not another order."""
+too). A change of world size or, for a stream, of num_workers is an error, not another order.
+The epochs after a resumed one are whole (persistent workers too), and the training loop's own
+draws from torch's global generator go on as they did uninterrupted."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 import torchfeed
+from torchfeed.data import DistributedSampler
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
@@ -161,3 +164,43 @@ def test_the_epochs_after_a_resumed_one_are_whole(kind, persistent):
     assert len(epoch(dl, stop=1)) == 4
     ids = [x[0] if isinstance(x, tuple) else x for x in epoch(dl)]  # (a stream's draws: the
     assert sorted(ids) == list(range(48))  # workers' own streams, which went on meanwhile)
+
+
+@pytest.mark.parametrize("sampler", ["shuffle", "distributed"])
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("restores", ["before", "after", "never"])
+def test_a_resumed_run_draws_on_as_the_uninterrupted_one(workers, restores, sampler):
+    """The training loop's own draws from torch's global generator, and the next epoch's
+    shuffle, after a resume: the loader set the state its epoch started from and left it so,
+    over the state a loop had restored for itself before iter() (as the Hugging Face Trainer
+    does): the loop then drew what it drew at the epoch's start again."""
+
+    def make():
+        if sampler == "distributed":
+            kw = {"sampler": DistributedSampler(32, num_replicas=1, rank=0, seed=4)}
+        else:
+            kw = {"shuffle": True}
+        return torchfeed.loader(list(range(32)), batch_size=4, num_workers=workers, **kw)
+
+    def epoch(loader):
+        return [(b.tolist(), torch.rand(()).item()) for b in loader]
+
+    torch.manual_seed(0)
+    dl, head = make(), []
+    for batch in dl:
+        head.append((batch.tolist(), torch.rand(()).item()))
+        if len(head) == 3:
+            state, mine = dl.state_dict(), torch.get_rng_state()
+    uninterrupted = [head, epoch(dl)]
+
+    torch.manual_seed(123)  # another run's start
+    dl = make()
+    if restores == "before":
+        torch.set_rng_state(mine)
+    dl.load_state_dict(state)
+    it = iter(dl)
+    if restores == "after":
+        torch.set_rng_state(mine)
+    rest = [(b.tolist(), torch.rand(()).item()) for b in it]
+    assert head[:3] + rest == uninterrupted[0]
+    assert epoch(dl) == uninterrupted[1]

@@ -4,6 +4,7 @@ the batches it yields, with what a checkpoint needs of them (``_Counting``)."""
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 from torchfeed.data._seeding import SeedPerSample, kept_generators
 
 __all__: list[str] = []
+
+_END = object()
 
 
 class _Skipping:
@@ -22,6 +25,7 @@ class _Skipping:
 
     def __init__(self, base: Any, loader: Any) -> None:
         self.base, self._loader = base, weakref.ref(loader)
+        self.last: _SkippingIterator | None = None
 
     @property
     def skip(self) -> int:
@@ -29,15 +33,37 @@ class _Skipping:
         return 0 if loader is None else loader._skip_batches
 
     def __iter__(self) -> Iterator[Any]:
-        skip = self.skip
-        # a generator: the sampler draws its order at the first batch, as it would unwrapped
-        it = iter(self.base)
-        for _ in range(skip):
-            next(it, None)
-        yield from it
+        self.last = _SkippingIterator(self.base, self.skip)
+        return self.last
 
     def __len__(self) -> int:
         return max(0, len(self.base) - self.skip)
+
+
+class _SkippingIterator:
+    """The sampler's batches after the first ``skip``. It reads the sampler at its first
+    batch, as the sampler alone would be read (a shuffle draws its order then), or when the
+    loader says (:meth:`prime`), while the random state the epoch started from is set."""
+
+    def __init__(self, base: Any, skip: int) -> None:
+        self._base, self._skip = base, skip
+        self._it: Iterator[Any] | None = None
+
+    def prime(self) -> None:
+        if self._it is None:
+            it = iter(self._base)
+            for _ in range(self._skip):
+                next(it, None)
+            first = next(it, _END)
+            self._it = it if first is _END else itertools.chain((first,), it)
+
+    def __iter__(self) -> _SkippingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        self.prime()
+        assert self._it is not None
+        return next(self._it)
 
 
 class _Dropping:

@@ -63,7 +63,7 @@ def _warn_fork_in_distributed(loader: DataLoader) -> None:
         "multiprocessing_context='spawn' to the loader (a spawned worker also exits when its "
         "rank is killed; a forkserver's are kept alive by the server), or use Python 3.12+",
         RuntimeWarning,
-        stacklevel=3,  # __iter__, the user's loop
+        stacklevel=4,  # _epoch_iterator, __iter__, the user's loop
     )
 
 
@@ -130,7 +130,10 @@ class ResumableLoader(DataLoader):
     seeds its own samples; another IterableDataset has no index to seed from.)
 
     The random state the epoch started from is saved too, so workers get the same seeds
-    (:class:`~torchfeed.data.WorkerSeeder` streams included). Datasets with their own
+    (:class:`~torchfeed.data.WorkerSeeder` streams included), and torch's global one when the
+    checkpoint is taken: resumed, the epoch's iterator is made from the first, and the second
+    is then set, so the training loop draws on as it did (the next epoch's shuffle too),
+    whether it restores its own state or not. Datasets with their own
     ``state_dict`` (:class:`~torchfeed.data.SkipCorrupt`'s skipped samples) are saved alongside.
     Load a checkpoint before the epoch it resumes starts (before the workers start).
 
@@ -175,6 +178,9 @@ class ResumableLoader(DataLoader):
         self._skip_batches = 0  # of this epoch, consumed before a resume (a generic source)
         self._drop_batches = 0  # of those, to read again and drop (a generic IterableDataset)
         self._started = False
+        # an epoch's iterator is being made from a checkpoint's state, and its sampler
+        self._priming = False
+        self._primed: _Skipping | None = None
 
     def _source(self) -> DistributedSampler | ShardedIterableDataset | None:
         if isinstance(self.dataset, ShardedIterableDataset):
@@ -191,8 +197,11 @@ class ResumableLoader(DataLoader):
     @property
     def _index_sampler(self) -> Any:
         base = super()._index_sampler
-        if self._skip_batches and not isinstance(self.dataset, IterableDataset):
-            return _Skipping(base, self)
+        if (self._skip_batches or self._priming) and not isinstance(self.dataset, IterableDataset):
+            skipping = _Skipping(base, self)
+            if self._priming:
+                self._primed = skipping
+            return skipping
         return base
 
     def _rng_state(self) -> torch.Tensor:
@@ -209,11 +218,39 @@ class ResumableLoader(DataLoader):
         self._resumed_from = 0
         if pending is not None and "source" in pending:
             self._resumed_from = int(pending["batches"])
-        if pending is not None and pending.get("rng") is not None:
-            if self.generator is not None:
-                self.generator.set_state(pending["rng"])
-            else:
-                torch.set_rng_state(pending["rng"])
+        if pending is None or pending.get("rng") is None:
+            return self._epoch_iterator(pending)
+        if self.generator is not None:
+            self.generator.set_state(pending["rng"])
+            return self._epoch_iterator(pending)
+        # The epoch's draws (the sampler's order, the workers' base seed) come from the random
+        # state it started from; then torch's is set to what it was when the checkpoint was
+        # taken: the training loop draws on as it did uninterrupted (and so does the next
+        # epoch's shuffle), whether it restored that state itself (as the Hugging Face Trainer
+        # does) or not. Not for a stream read in this process whose reads draw from torch's
+        # generator as the loop does (one of the user's own, or sharded with seed_samples=False):
+        # it is read again from its start, or past what it had read, and those reads draw again,
+        # from the state the epoch started from, which is then left, as before this version.
+        # (A checkpoint of an earlier version has none: the same.)
+        then = pending.get("rng_at_checkpoint")
+        if self.num_workers == 0 and isinstance(self.dataset, IterableDataset):
+            source = self._source()
+            if not (isinstance(source, ShardedIterableDataset) and source.seed_samples):
+                then = None
+        torch.set_rng_state(pending["rng"])
+        self._priming = True
+        try:
+            it = self._epoch_iterator(pending)
+            primed = self._primed
+            if primed is not None and primed.last is not None:
+                primed.last.prime()  # (workers have read it already: without, the first batch)
+            return it
+        finally:
+            self._priming, self._primed = False, None
+            if then is not None:
+                torch.set_rng_state(then)
+
+    def _epoch_iterator(self, pending: dict[str, Any] | None) -> Iterator[Any]:
         self._rng = self._rng_state()
         if pending is not None:
             self._epoch_index = int(pending.get("epoch_index", self._epoch_index))
@@ -307,6 +344,8 @@ class ResumableLoader(DataLoader):
             "num_workers": self.num_workers,
             "world": rank_and_world_size()[1],
             "rng": self._rng,
+            # torch's global state now, unless the loader draws from a generator of its own
+            "rng_at_checkpoint": torch.get_rng_state() if self.generator is None else None,
             "epoch_index": self._epoch_index - 1 if self._started else self._epoch_index,
         }
         source = self._source()
