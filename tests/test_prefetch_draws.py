@@ -7,6 +7,7 @@ drew."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -140,3 +141,55 @@ def test_a_bad_seed_is_refused():
         torchfeed.DevicePrefetcher([], "cpu", seed="1")
     with pytest.raises(TypeError, match="seed must be an int or None, got bool"):
         torchfeed.DevicePrefetcher([], "cpu", seed=True)
+
+
+class Drawing(torch.utils.data.Dataset):
+    """Each read draws from torch (an augmentation) and notes the thread it ran in."""
+
+    def __init__(self, n: int = 96, fail_at: int | None = None) -> None:
+        self.n, self.fail_at, self.threads = n, fail_at, set()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.threads.add(threading.current_thread().name)
+        if i == self.fail_at:
+            raise ValueError(f"sample {i} is corrupt")
+        return torch.tensor([float(i), torch.rand(()).item()])
+
+
+def read_with_loop_draws(prefetch: bool, pause: float = 0.0):
+    """(the batches, the loop's own draws) over torchfeed.loader without workers."""
+    torch.manual_seed(0)
+    data = Drawing()
+    loader = torchfeed.loader(data, batch_size=4, shuffle=True)
+    batches, loop = [], []
+    for batch in torchfeed.DevicePrefetcher(loader, "cpu") if prefetch else loader:
+        batches.append(batch.tolist())
+        for _ in range(20):
+            loop.append(torch.rand(()).item())
+        time.sleep(pause)
+    return batches, loop, data.threads
+
+
+def test_a_loader_without_workers_is_read_in_the_loops_thread():
+    """Read in the prefetcher's thread, its per-sample seeding and the loop's draws shared
+    torch's global generator in an order that changed from run to run: the samples'
+    augmentation and the loop's draws differed between runs of the same seeds (even over a
+    dataset that draws nothing, the loop's did)."""
+    batches, loop, threads = read_with_loop_draws(prefetch=False)
+    assert threads == {threading.main_thread().name}
+    for pause in (0.0, 0.002):
+        assert read_with_loop_draws(prefetch=True, pause=pause) == (batches, loop, threads)
+
+
+def test_a_read_error_without_workers_follows_the_batches_before_it():
+    data = Drawing(n=40, fail_at=21)
+    loader = torchfeed.loader(data, batch_size=4)
+    got = []
+    with pytest.raises(ValueError, match="sample 21 is corrupt"):
+        for batch in torchfeed.DevicePrefetcher(loader, "cpu", depth=3):
+            got.append(batch[:, 0].tolist())
+    assert got == [[float(i) for i in range(k, k + 4)] for k in range(0, 20, 4)]
+    assert data.threads == {threading.main_thread().name}

@@ -60,6 +60,15 @@ class DevicePrefetcher:
     torchfeed loader a run resumed on the same world size draws what the uninterrupted one drew
     (its epoch and batch count are the loader's; on another, a batch holds other samples, and
     its draws follow the batch, not the samples).
+
+    A torchfeed loader without workers (``num_workers=0``) reads, and seeds torch's, numpy's and
+    ``random``'s global generators for each sample, in this process: it is read in the training
+    loop's thread (``depth`` batches ahead, at each step), where those draws and the loop's take
+    turns; read in the prefetcher's thread, the samples' augmentation and the loop's own draws
+    changed from run to run. Its reads then do not overlap the step: give it workers for that
+    (``num_workers=1`` is enough for pre-tokenized text). Any other loader is read in the
+    prefetcher's thread; one without workers whose reads draw from those generators shares them
+    with a loop that draws too.
     ``seed=None``: ``torch.initial_seed()`` when the prefetcher is made. A torchvision
     transform in ``transform`` still draws from the global generator.
     """
@@ -185,8 +194,21 @@ class _Producer:
         # image j of their batch k alike
         self.rank = rank_and_world_size()[0]
         self.generator = torch.Generator()
+        # A torchfeed loader without workers reads (and seeds torch's, numpy's and random's
+        # global generators for each sample) in this process: read in the prefetcher's thread,
+        # beside the loop's, the two threads' draws interleaved in another order every run. It
+        # is read in the loop's thread, at each step for the batch `depth` ahead; the copy and
+        # the transform stay in the prefetcher's.
+        self.inline = self.counted is not None and self.counted.num_workers == 0
+        self.it: Iterator | None = it if self.inline else None
+        self.raw: queue.Queue = queue.Queue()  # read batches for the thread (inline)
+        self.in_flight = 0  # read, not yet handed on (inline)
+        self.read = 0
         self.thread = threading.Thread(
-            target=self.run, args=(it,), name="torchfeed-prefetch", daemon=True
+            target=self.run_inline if self.inline else self.run,
+            args=() if self.inline else (it,),
+            name="torchfeed-prefetch",
+            daemon=True,
         )
         self.thread.start()
 
@@ -199,6 +221,16 @@ class _Producer:
                 continue
         return False
 
+    def prepared(self, batch: Any, read: int, tag: int | None) -> tuple[Any, Any, int | None]:
+        """The batch copied and transformed, its ready event, and the loader's count with it
+        (``tag``: the loop has that many once it is handed on)."""
+        if self.owner.transform is None:  # nothing draws: no generator to seed
+            return (*self.owner._prepare(batch), tag)
+        index = self.first + (read if tag is None else tag)
+        seed = derive_seed(self.owner.seed, self.epoch, self.rank, index, -2)
+        with drawing_from(self.generator.manual_seed(seed)):
+            return (*self.owner._prepare(batch), tag)
+
     def run(self, it: Iterator) -> None:
         try:
             if self.owner.device.type == "cuda":
@@ -206,15 +238,8 @@ class _Producer:
             for read, batch in enumerate(it, 1):
                 if self.stop.is_set():
                     return
-                # the loader's count with this batch: the loop has it once it is handed on
                 tag = None if self.counted is None else self.counted._batches
-                if self.owner.transform is None:  # nothing draws: no generator to seed
-                    item = (*self.owner._prepare(batch), tag)
-                else:
-                    index = self.first + (read if tag is None else tag)
-                    seed = derive_seed(self.owner.seed, self.epoch, self.rank, index, -2)
-                    with drawing_from(self.generator.manual_seed(seed)):
-                        item = (*self.owner._prepare(batch), tag)
+                item = self.prepared(batch, read, tag)
                 del batch
                 if not self.put(item):
                     return
@@ -224,8 +249,39 @@ class _Producer:
         finally:
             del it  # a DataLoader iterator shuts its workers down here (unless persistent)
 
+    def read_ahead(self) -> None:
+        """Inline: reads, in the loop's thread, up to the batch ``depth`` ahead of the one
+        about to be handed on; the end, or a read's error, follows the batches before it."""
+        while self.it is not None and self.in_flight <= self.owner.depth:
+            try:
+                batch = next(self.it)
+            except Exception as e:  # (an interrupt is raised at once)
+                self.it = None
+                self.raw.put(_END if isinstance(e, StopIteration) else _Failure(e))
+                return
+            self.read += 1
+            self.raw.put((batch, self.read, self.counted._batches))
+            self.in_flight += 1
+
+    def run_inline(self) -> None:
+        try:
+            if self.owner.device.type == "cuda":
+                torch.cuda.set_device(self.owner.device)
+            while not self.stop.is_set():
+                try:
+                    item = self.raw.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if item is not _END and not isinstance(item, _Failure):
+                    item = self.prepared(*item)
+                if not self.put(item) or item is _END or isinstance(item, _Failure):
+                    return
+        except BaseException as e:
+            self.put(_Failure(e))
+
     def close(self) -> None:
         self.stop.set()
+        self.it = None
         while True:  # unblock a producer waiting to put
             try:
                 self.queue.get_nowait()
@@ -248,6 +304,8 @@ class _PrefetchIterator:
         if self._done:
             raise StopIteration
         producer = self._producer
+        if producer.inline:
+            producer.read_ahead()
         while True:
             try:
                 item = producer.queue.get(timeout=0.1)
@@ -265,6 +323,7 @@ class _PrefetchIterator:
             self.close()
             raise item.error
         batch, ready, tag = item
+        producer.in_flight -= 1
         if tag is not None:
             producer.counted._consumed = tag
         if ready is not None:
