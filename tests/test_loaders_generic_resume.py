@@ -204,3 +204,29 @@ def test_a_resumed_run_draws_on_as_the_uninterrupted_one(workers, restores, samp
     rest = [(b.tolist(), torch.rand(()).item()) for b in it]
     assert head[:3] + rest == uninterrupted[0]
     assert epoch(dl) == uninterrupted[1]
+
+
+def test_another_ranks_checkpoint_leaves_this_ranks_own_random_state(monkeypatch):
+    """One rank's checkpoint describes every rank; the random state it recorded is that rank's
+    loop's, which another rank (seeded per rank, say) does not take."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def make():
+        return torchfeed.loader(list(range(32)), batch_size=4, shuffle=True)
+
+    monkeypatch.setenv("RANK", "0")
+    torch.manual_seed(0)
+    dl = make()
+    it = iter(dl)
+    next(it)
+    state = dl.state_dict()
+    del it
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        torch.manual_seed(100 + rank)  # this rank's own
+        own = torch.get_rng_state()
+        dl = make()
+        dl.load_state_dict(state)
+        iter(dl)
+        expected = own if rank == 1 else state["rng_at_checkpoint"]
+        assert torch.equal(torch.get_rng_state(), expected)

@@ -231,8 +231,12 @@ class ResumableLoader(DataLoader):
         # generator as the loop does (one of the user's own, or sharded with seed_samples=False):
         # it is read again from its start, or past what it had read, and those reads draw again,
         # from the state the epoch started from, which is then left, as before this version.
-        # (A checkpoint of an earlier version has none: the same.)
+        # (A checkpoint of an earlier version has none: the same.) Another rank's checkpoint
+        # (one rank's describes all) sets the state that rank had: this rank's own is set back
+        # (a loop seeded per rank keeps its own draws).
         then = pending.get("rng_at_checkpoint")
+        if then is not None and pending.get("rank", 0) != rank_and_world_size()[0]:
+            then = torch.get_rng_state()
         if self.num_workers == 0 and isinstance(self.dataset, IterableDataset):
             source = self._source()
             if not (isinstance(source, ShardedIterableDataset) and source.seed_samples):
@@ -346,6 +350,7 @@ class ResumableLoader(DataLoader):
             "rng": self._rng,
             # torch's global state now, unless the loader draws from a generator of its own
             "rng_at_checkpoint": torch.get_rng_state() if self.generator is None else None,
+            "rank": rank_and_world_size()[0],  # whose state that is
             "epoch_index": self._epoch_index - 1 if self._started else self._epoch_index,
         }
         source = self._source()
