@@ -3,7 +3,9 @@ draw, in the prefetcher's thread, from one seeded for each batch from (seed, epo
 So the same seeds give the same augmentation (they shared torch's global generator with the
 training loop's thread, in an order that changed from run to run), ranks seeded alike draw
 apart, the loop's own draws are its own, and a resumed run draws what the uninterrupted one
-drew."""
+drew. Where the prefetcher knows the batch's samples (a map-style dataset through
+torchfeed.loader), image j draws from (seed, epoch, its sample): the same on any batching,
+rank or world size."""
 
 from __future__ import annotations
 
@@ -193,3 +195,43 @@ def test_a_read_error_without_workers_follows_the_batches_before_it():
             got.append(batch[:, 0].tolist())
     assert got == [[float(i) for i in range(k, k + 4)] for k in range(0, 20, 4)]
     assert data.threads == {threading.main_thread().name}
+
+
+def draws_by_sample(batch_size: int, world: int, workers: int, monkeypatch, transform=boxes):
+    """Sample index -> the transform's draws for it, over every rank of a map-style dataset
+    read through torchfeed.loader and a DistributedSampler."""
+    out = {}
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    for rank in range(world):
+        monkeypatch.setenv("RANK", str(rank))
+        torch.manual_seed(0)
+        data = [(i, image(i)) for i in range(N)]
+        sampler = DistributedSampler(N, world, rank, seed=3)
+        loader = torchfeed.loader(data, batch_size=batch_size, sampler=sampler,
+                                  num_workers=workers, collate_fn=list)  # fmt: skip
+        for batch in torchfeed.DevicePrefetcher(loader, "cpu", transform=transform):
+            out.update((d[0], d[1:]) for d in batch)
+    return out
+
+
+def test_a_known_samples_draws_follow_it_on_any_batching_and_world(monkeypatch):
+    """DESIGN.md's promise, which per-batch draws broke under the prefetcher: an elastic run (2
+    ranks -> 3, another batch size: a sample in another batch, at another position) draws the
+    same augmentation for the same sample."""
+    one = draws_by_sample(4, 1, 0, monkeypatch)
+    assert len(one) == N and len(set(one.values())) > N // 2
+    assert draws_by_sample(6, 2, 2, monkeypatch) == one
+    assert draws_by_sample(4, 3, 0, monkeypatch) == one
+
+
+def test_two_views_of_a_batch_differ(monkeypatch):
+    """Two draws for one batch (two augmented views, as contrastive learning takes) each follow
+    the sample, and differ from each other."""
+
+    def two_views(batch):
+        first, second = boxes(batch), boxes(batch)
+        return [(a[0], a[1:], b[1:]) for a, b in zip(first, second, strict=True)]
+
+    views = draws_by_sample(4, 1, 0, monkeypatch, two_views)
+    assert draws_by_sample(8, 2, 0, monkeypatch, two_views) == views
+    assert sum(a != b for a, b in views.values()) > N // 2

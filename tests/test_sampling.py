@@ -171,3 +171,55 @@ def test_non_finite_or_negative_ranges_are_refused(kwargs, match):
         resized_crop_box(10, 10, **kwargs)
     with pytest.raises(ValueError, match=match):
         RandomResizedCropFlipNormalize(8, mean=MEAN, std=STD, **kwargs)
+
+
+def test_the_ops_take_the_uniforms_they_are_given():
+    """A DevicePrefetcher that knows a batch's samples gives the ops each image's uniforms,
+    drawn for its sample (sample_uniforms), in place of one draw from a generator."""
+    g = torch.Generator().manual_seed(5)
+    sizes = torch.randint(1, 700, (64, 2), generator=g)
+    hw = sizes.to(torch.float64)
+    u = torch.rand(64, 23, dtype=torch.float64, generator=g)
+    scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
+    boxes = torch.ops.torchfeed.sample_resized_crop(sizes, *scale, *ratio, None, u[:, :22])
+    assert torch.equal(boxes, sampling._crops_from_uniforms(hw, u[:, :22], scale, ratio))
+    boxes, flips = torch.ops.torchfeed.sample_crops_and_flips(sizes, *scale, *ratio, 0.3, None, u)
+    assert torch.equal(boxes, sampling._crops_from_uniforms(hw, u, scale, ratio))
+    assert torch.equal(flips, u[:, 22] < 0.3)
+    for bad in (u[:, :22], u.float(), u[:10]):
+        with pytest.raises(ValueError, match=r"sample_crops_and_flips: uniforms must be a float64"):
+            torch.ops.torchfeed.sample_crops_and_flips(sizes, *scale, *ratio, 0.3, None, bad)
+    for op, args in (
+        (torch.ops.torchfeed.sample_resized_crop, (sizes, *scale, *ratio, None, u[:, :22])),
+        (torch.ops.torchfeed.sample_crops_and_flips, (sizes, *scale, *ratio, 0.3, None, u)),
+        (torch.ops.torchfeed.sample_uniforms, (torch.tensor([3, -1, 2**62]), -5, 1, 23)),
+    ):
+        torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_sample_uniforms_follow_the_sample():
+    """Row j depends on (base, keys[j], stream) only: the same sample gives the same row in any
+    batch and position, another stream or base another; the rows are uniform on [0, 1)."""
+    uniforms = torch.ops.torchfeed.sample_uniforms
+    keys = torch.arange(4000)
+    u = uniforms(keys, 7, 0, 23)
+    assert u.shape == (4000, 23) and u.dtype == torch.float64
+    part = torch.tensor([3999, 17, 17, 0])
+    assert torch.equal(uniforms(part, 7, 0, 23), u[part])
+    assert not torch.equal(uniforms(part, 7, 1, 23), u[part])
+    assert not torch.equal(uniforms(part, 8, 0, 23), u[part])
+    assert torch.equal(uniforms(part, 7, 0, 5), u[part, :5])  # (a narrower draw: its start)
+    flat = u.reshape(-1)
+    assert bool((flat >= 0).all() and (flat < 1).all())
+    reference = torch.rand(flat.numel(), dtype=torch.float64, generator=torch.Generator())
+    assert ks_statistic(flat, reference) < 0.01
+    assert ks_statistic(u[:, 0], u[:, 1]) < 0.05  # (columns alike: no pattern across keys)
+    assert uniforms(keys[:0], 7, 0, 23).shape == (0, 23)
+    assert uniforms(keys[:3], 7, 0, 0).shape == (3, 0)
+    with pytest.raises(ValueError, match="sample_uniforms: keys must be a 1-D int64 CPU tensor"):
+        uniforms(keys.float(), 7, 0, 23)
+    for count in (-1, 2**40):
+        with pytest.raises(
+            ValueError, match=rf"sample_uniforms: count must be in \[0, 65536\] .*, got {count}"
+        ):
+            uniforms(keys, 7, 0, count)

@@ -3,6 +3,8 @@
 // for the whole batch so the Python side has no per-image loop. All of it runs on the host and
 // reads no image data, so none of it synchronizes a device.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/DistributionsHelper.h>
 #include <ATen/core/Generator.h>
 #include <torch/library.h>
 
@@ -230,17 +232,68 @@ at::Tensor crops_from_uniforms(const Sizes& s, const double* u, int64_t stride, 
   return boxes;
 }
 
+// The [B, width] uniforms a sampling op reads: `uniforms` when given (checked: float64 on the
+// host, one row per image, `width` wide), else one draw from `generator`.
+at::Tensor uniforms_for(const char* op, int64_t batch, int64_t width,
+                        const std::optional<at::Generator>& generator,
+                        const std::optional<at::Tensor>& uniforms) {
+  if (!uniforms.has_value()) {
+    return at::rand({batch, width}, generator, at::TensorOptions().dtype(at::kDouble));
+  }
+  const at::Tensor& u = *uniforms;
+  TORCH_CHECK_VALUE(u.device().is_cpu() && u.scalar_type() == at::kDouble && u.dim() == 2 &&
+                        u.size(0) == batch && u.size(1) == width,
+                    op, ": uniforms must be a float64 CPU tensor of shape [", batch, ", ", width,
+                    "] (one row per image), got ", py_dtype(u.scalar_type()), " ", u.sizes(),
+                    " on ", u.device());
+  return u.contiguous();
+}
+
 // RandomResizedCrop's boxes: one draw of [B, 22] uniforms from `generator` (what
-// torchfeed.sampling.sample_resized_crop_params draws).
+// torchfeed.sampling.sample_resized_crop_params draws), or the rows of `uniforms`.
 at::Tensor sample_resized_crop(const at::Tensor& sizes, double scale_lo, double scale_hi,
                                double ratio_lo, double ratio_hi,
-                               std::optional<at::Generator> generator) {
+                               std::optional<at::Generator> generator,
+                               std::optional<at::Tensor> uniforms) {
   constexpr const char* op = "sample_resized_crop";
   const Sizes s = read_sizes(op, sizes);
   check_crop_ranges(op, scale_lo, scale_hi, ratio_lo, ratio_hi);
   const int64_t batch = static_cast<int64_t>(s.h.size());
-  const at::Tensor u = at::rand({batch, 22}, generator, at::TensorOptions().dtype(at::kDouble));
+  const at::Tensor u = uniforms_for(op, batch, 22, generator, uniforms);
   return crops_from_uniforms(s, u.data_ptr<double>(), 22, scale_lo, scale_hi, ratio_lo, ratio_hi);
+}
+
+// SplitMix64's finalizer with one part mixed in: torchfeed.data._seeding._mix.
+uint64_t mix(uint64_t h, uint64_t part) {
+  h = (h ^ part) + 0x9E3779B97F4A7C15ULL;
+  h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  h = (h ^ (h >> 27)) * 0x94D049BB133111EBULL;
+  return h ^ (h >> 31);
+}
+
+// Uniforms in [0, 1), [N, count] float64, row j from a generator of its own seeded with
+// mix(mix(base, keys[j]), stream): a sample's row is the same in whatever batch, position or
+// process it is drawn, and `stream` gives it another (a second draw in one batch).
+at::Tensor sample_uniforms(const at::Tensor& keys, int64_t base, int64_t stream, int64_t count) {
+  constexpr const char* op = "sample_uniforms";
+  TORCH_CHECK_VALUE(keys.device().is_cpu() && keys.scalar_type() == at::kLong && keys.dim() == 1,
+                    op, ": keys must be a 1-D int64 CPU tensor (one per image), got ",
+                    py_dtype(keys.scalar_type()), " ", keys.sizes(), " on ", keys.device());
+  TORCH_CHECK_VALUE(count >= 0 && count <= (1 << 16), op,
+                    ": count must be in [0, 65536] (uniforms per image), got ", count);
+  const at::Tensor k = keys.contiguous();
+  const int64_t n = k.numel();
+  at::Tensor out = at::empty({n, count}, at::kDouble);
+  double* o = out.data_ptr<double>();
+  const int64_t* pk = k.data_ptr<int64_t>();
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t seed = mix(mix(static_cast<uint64_t>(base), static_cast<uint64_t>(pk[j])),
+                              static_cast<uint64_t>(stream));
+    at::CPUGeneratorImpl generator(seed);
+    at::uniform_real_distribution<double> uniform(0.0, 1.0);
+    for (int64_t c = 0; c < count; ++c) o[j * count + c] = uniform(&generator);
+  }
+  return out;
 }
 
 // The same boxes and a horizontal flip per image with probability p_flip, from one draw of
@@ -248,14 +301,15 @@ at::Tensor sample_resized_crop(const at::Tensor& sizes, double scale_lo, double 
 std::tuple<at::Tensor, at::Tensor> sample_crops_and_flips(const at::Tensor& sizes, double scale_lo,
                                                           double scale_hi, double ratio_lo,
                                                           double ratio_hi, double p_flip,
-                                                          std::optional<at::Generator> generator) {
+                                                          std::optional<at::Generator> generator,
+                                                          std::optional<at::Tensor> uniforms) {
   constexpr const char* op = "sample_crops_and_flips";
   const Sizes s = read_sizes(op, sizes);
   check_crop_ranges(op, scale_lo, scale_hi, ratio_lo, ratio_hi);
   TORCH_CHECK_VALUE(p_flip >= 0.0 && p_flip <= 1.0, op, ": p_flip must be in [0, 1], got ",
                     py_float(p_flip));
   const int64_t batch = static_cast<int64_t>(s.h.size());
-  const at::Tensor u = at::rand({batch, 23}, generator, at::TensorOptions().dtype(at::kDouble));
+  const at::Tensor u = uniforms_for(op, batch, 23, generator, uniforms);
   const double* pu = u.data_ptr<double>();
   at::Tensor boxes = crops_from_uniforms(s, pu, 23, scale_lo, scale_hi, ratio_lo, ratio_hi);
   at::Tensor flips = at::empty({batch}, at::kBool);
@@ -272,6 +326,7 @@ TORCH_LIBRARY_IMPL(torchfeed, CPU, m) {
   m.impl("resize_center_crop_grid", &resize_center_crop_grid);
   m.impl("sample_resized_crop", &sample_resized_crop);
   m.impl("sample_crops_and_flips", &sample_crops_and_flips);
+  m.impl("sample_uniforms", &sample_uniforms);
 }
 
 // image_sizes reads only the images' shapes: the same host function serves CUDA images.

@@ -48,16 +48,20 @@ TORCH_LIBRARY(torchfeed, m) {
       "resize_center_crop_grid(Tensor sizes, int resize_h, int resize_w, int crop_h, "
       "int crop_w) -> Tensor");
   // RandomResizedCrop's boxes, drawn per image from `generator`: one draw of [B, 22] uniforms
-  // (int64 [B, 4]):
+  // (int64 [B, 4]), or given as `uniforms` (float64 [B, 22]):
   m.def(
       "sample_resized_crop(Tensor sizes, float scale_lo, float scale_hi, float ratio_lo, "
-      "float ratio_hi, Generator? generator=None) -> Tensor");
+      "float ratio_hi, Generator? generator=None, Tensor? uniforms=None) -> Tensor");
   // The same boxes and a horizontal flip per image with probability p_flip (bool [B]), from one
-  // draw of [B, 23] uniforms: torchvision's RandomResizedCrop then RandomHorizontalFlip. (One op
-  // and one draw: a compiled graph cannot reorder them.)
+  // draw of [B, 23] uniforms (or `uniforms`): torchvision's RandomResizedCrop then
+  // RandomHorizontalFlip. (One op and one draw: a compiled graph cannot reorder them.)
   m.def(
       "sample_crops_and_flips(Tensor sizes, float scale_lo, float scale_hi, float ratio_lo, "
-      "float ratio_hi, float p_flip, Generator? generator=None) -> (Tensor boxes, Tensor flips)");
+      "float ratio_hi, float p_flip, Generator? generator=None, Tensor? uniforms=None) -> "
+      "(Tensor boxes, Tensor flips)");
+  // Uniforms [N, count] float64, row j from a generator of its own seeded from (base, keys[j],
+  // stream): per-sample draws, whatever batch a sample is in (keys: int64 [N]).
+  m.def("sample_uniforms(Tensor keys, int base, int stream, int count) -> Tensor");
 
 #ifdef TORCHFEED_WITH_JPEG
   // Encoded JPEG bytes (uint8 [N]) -> the RGB pixels of one window, uint8 [3, height, width] in

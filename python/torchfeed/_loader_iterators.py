@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
+
+from torch.utils.data import IterableDataset
 
 from torchfeed.data._seeding import SeedPerSample, kept_generators
 
@@ -33,7 +36,9 @@ class _Skipping:
         return 0 if loader is None else loader._skip_batches
 
     def __iter__(self) -> Iterator[Any]:
-        self.last = _SkippingIterator(self.base, self.skip)
+        loader = self._loader()
+        keys = None if loader is None else loader._keys  # (not `and`: a loader's truth is len())
+        self.last = _SkippingIterator(self.base, self.skip, keys)
         return self.last
 
     def __len__(self) -> int:
@@ -45,8 +50,8 @@ class _SkippingIterator:
     batch, as the sampler alone would be read (a shuffle draws its order then), or when the
     loader says (:meth:`prime`), while the random state the epoch started from is set."""
 
-    def __init__(self, base: Any, skip: int) -> None:
-        self._base, self._skip = base, skip
+    def __init__(self, base: Any, skip: int, keys: deque | None) -> None:
+        self._base, self._skip, self._keys = base, skip, keys
         self._it: Iterator[Any] | None = None
 
     def prime(self) -> None:
@@ -63,7 +68,22 @@ class _SkippingIterator:
     def __next__(self) -> Any:
         self.prime()
         assert self._it is not None
-        return next(self._it)
+        indices = next(self._it)
+        if self._keys is not None:  # for the batch the loader yields in this turn
+            self._keys.append(indices)
+        return indices
+
+
+def index_sampler(loader: Any, base: Any) -> Any:
+    """The index sampler of a loader's epoch: for a map-style dataset, ``_Skipping``, which
+    skips what a resume consumed, reads the sampler when the loader primes it, and notes each
+    batch's indices (``loader._keys``: popped by ``_Counting`` as it yields that batch)."""
+    if isinstance(loader.dataset, IterableDataset):
+        return base
+    skipping = _Skipping(base, loader)
+    if loader._priming and loader._primed is None:  # the iterator's (a len() makes more)
+        loader._primed = skipping
+    return skipping
 
 
 class _Dropping:
@@ -119,6 +139,8 @@ class _Counting:
             finally:
                 if self._seeded is not None:
                     self._seeded.__dict__["_loop_kept"] = False
+        keys = self._loader._keys
+        self._loader._batch_keys = keys.popleft() if keys else None
         self._loader._batch_read()
         return batch
 

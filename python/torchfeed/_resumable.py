@@ -8,13 +8,14 @@ import copy
 import multiprocessing
 import sys
 import warnings
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from torchfeed._loader_iterators import _Counting, _Dropping, _Skipping
+from torchfeed._loader_iterators import _Counting, _Dropping, _Skipping, index_sampler
 from torchfeed.collate import DefaultCollate
 from torchfeed.data._distributed import distributed_initialized, rank_and_world_size
 from torchfeed.data._sampler import DistributedSampler
@@ -181,6 +182,10 @@ class ResumableLoader(DataLoader):
         # an epoch's iterator is being made from a checkpoint's state, and its sampler
         self._priming = False
         self._primed: _Skipping | None = None
+        # a map-style epoch's index batches sampled, not yet yielded, and the last one yielded
+        # (a DevicePrefetcher seeds each image's draws from its sample), unless out of order
+        self._keys: deque | None = None
+        self._batch_keys: Any = None
 
     def _source(self) -> DistributedSampler | ShardedIterableDataset | None:
         if isinstance(self.dataset, ShardedIterableDataset):
@@ -196,13 +201,7 @@ class ResumableLoader(DataLoader):
 
     @property
     def _index_sampler(self) -> Any:
-        base = super()._index_sampler
-        if (self._skip_batches or self._priming) and not isinstance(self.dataset, IterableDataset):
-            skipping = _Skipping(base, self)
-            if self._priming:
-                self._primed = skipping
-            return skipping
-        return base
+        return index_sampler(self, super()._index_sampler)
 
     def _rng_state(self) -> torch.Tensor:
         return self.generator.get_state() if self.generator is not None else torch.get_rng_state()
@@ -213,6 +212,7 @@ class ResumableLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._consumed, self._pulled = None, {}
         pending, self._pending = self._pending, None
+        self._keys = deque() if getattr(self, "in_order", True) else None
         if pending is None:  # a fresh epoch, even after a resumed one left before its end
             self._skip_batches = self._drop_batches = 0
         self._resumed_from = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import queue
 import threading
 import warnings
@@ -21,6 +22,18 @@ __all__ = ["DevicePrefetcher"]
 
 
 _END = object()
+
+
+def _signed(seed: int) -> int:
+    """A 64-bit seed as the int64 an op's ``int`` argument takes (the same bits)."""
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+def _listed(keys: Any) -> list[Any]:
+    """A batch's indices as a list (one index: a loader without automatic batching)."""
+    if isinstance(keys, torch.Tensor):
+        return keys.reshape(-1).tolist()
+    return list(keys) if hasattr(keys, "__len__") and not isinstance(keys, str) else [keys]
 
 
 class _Failure:
@@ -53,13 +66,16 @@ class DevicePrefetcher:
     ``state_dict()`` records the batches handed to the loop, not those read ahead.
 
     ``transform`` runs in the prefetcher's thread, beside the training loop's: torchfeed's
-    random transforms given no ``generator`` draw there from one seeded for each batch from
-    (``seed``, epoch, rank, batch), not from torch's global generator, which the loop's thread
-    draws from too (in an order that changed from run to run). So the same seeds give the same
-    augmentation, ranks seeded alike draw apart, the loop's own draws are its own, and over a
-    torchfeed loader a run resumed on the same world size draws what the uninterrupted one drew
-    (its epoch and batch count are the loader's; on another, a batch holds other samples, and
-    its draws follow the batch, not the samples).
+    random transforms given no ``generator`` draw there from their own streams, not from
+    torch's global generator, which the loop's thread draws from too (in an order that changed
+    from run to run). So the same seeds give the same augmentation, and the loop's own draws
+    are its own. Over a torchfeed loader of a map-style dataset, which tells the prefetcher
+    each batch's dataset indices, a transform of the whole batch draws image j's parameters
+    from (``seed``, epoch, its index): the same augmentation for the same sample in whatever
+    batch, rank or world size it comes, resumed, elastic or not. Otherwise (a stream, a plain
+    DataLoader, a transform of part of the batch) from a generator seeded for the batch from
+    (``seed``, epoch, rank, batch): ranks seeded alike draw apart, and over a torchfeed loader a
+    run resumed on the same world size draws what the uninterrupted one drew.
 
     A torchfeed loader without workers (``num_workers=0``) reads, and seeds torch's, numpy's and
     ``random``'s global generators for each sample, in this process: it is read in the training
@@ -193,6 +209,9 @@ class _Producer:
         # and the rank's: ranks seeded alike (the usual DDP setup) would otherwise crop and flip
         # image j of their batch k alike
         self.rank = rank_and_world_size()[0]
+        # a batch of known samples (a map-style dataset through torchfeed.loader): image j's
+        # draws from (seed, epoch, its index), whatever batch, rank or world size it comes in
+        self.sample_base = _signed(derive_seed(owner.seed, self.epoch, -2))
         self.generator = torch.Generator()
         # A torchfeed loader without workers reads (and seeds torch's, numpy's and random's
         # global generators for each sample) in this process: read in the prefetcher's thread,
@@ -221,14 +240,25 @@ class _Producer:
                 continue
         return False
 
-    def prepared(self, batch: Any, read: int, tag: int | None) -> tuple[Any, Any, int | None]:
+    def keys(self) -> list[int] | None:
+        """The dataset indices of the batch the loader just yielded, if it knows them."""
+        keys = None if self.counted is None else self.counted._batch_keys
+        try:
+            return None if keys is None else [operator.index(k) for k in _listed(keys)]
+        except TypeError:  # (keys a dataset of the user's own takes that are not indices)
+            return None
+
+    def prepared(
+        self, batch: Any, read: int, tag: int | None, keys: list[int] | None
+    ) -> tuple[Any, Any, int | None]:
         """The batch copied and transformed, its ready event, and the loader's count with it
         (``tag``: the loop has that many once it is handed on)."""
         if self.owner.transform is None:  # nothing draws: no generator to seed
             return (*self.owner._prepare(batch), tag)
         index = self.first + (read if tag is None else tag)
         seed = derive_seed(self.owner.seed, self.epoch, self.rank, index, -2)
-        with drawing_from(self.generator.manual_seed(seed)):
+        # each image's draws from its sample, where the samples are known
+        with drawing_from(self.generator.manual_seed(seed), keys, self.sample_base):
             return (*self.owner._prepare(batch), tag)
 
     def run(self, it: Iterator) -> None:
@@ -239,7 +269,7 @@ class _Producer:
                 if self.stop.is_set():
                     return
                 tag = None if self.counted is None else self.counted._batches
-                item = self.prepared(batch, read, tag)
+                item = self.prepared(batch, read, tag, self.keys())
                 del batch
                 if not self.put(item):
                     return
@@ -260,7 +290,7 @@ class _Producer:
                 self.raw.put(_END if isinstance(e, StopIteration) else _Failure(e))
                 return
             self.read += 1
-            self.raw.put((batch, self.read, self.counted._batches))
+            self.raw.put((batch, self.read, self.counted._batches, self.keys()))
             self.in_flight += 1
 
     def run_inline(self) -> None:

@@ -153,7 +153,7 @@ def _resize_center_crop_grid_fake(sizes, resize_h, resize_w, crop_h, crop_w):
 
 @torch.library.register_fake("torchfeed::sample_crops_and_flips")
 def _sample_crops_and_flips_fake(
-    sizes, scale_lo, scale_hi, ratio_lo, ratio_hi, p_flip, generator=None
+    sizes, scale_lo, scale_hi, ratio_lo, ratio_hi, p_flip, generator=None, uniforms=None
 ):
     batch = sizes.shape[0]
     return sizes.new_empty((batch, 4), dtype=torch.int64), sizes.new_empty(
@@ -162,8 +162,15 @@ def _sample_crops_and_flips_fake(
 
 
 @torch.library.register_fake("torchfeed::sample_resized_crop")
-def _sample_resized_crop_fake(sizes, scale_lo, scale_hi, ratio_lo, ratio_hi, generator=None):
+def _sample_resized_crop_fake(
+    sizes, scale_lo, scale_hi, ratio_lo, ratio_hi, generator=None, uniforms=None
+):
     return sizes.new_empty((sizes.shape[0], 4), dtype=torch.int64)
+
+
+@torch.library.register_fake("torchfeed::sample_uniforms")
+def _sample_uniforms_fake(keys, base, stream, count):
+    return keys.new_empty((keys.shape[0], count), dtype=torch.float64)
 
 
 read_kernels(*KERNEL_OPS)

@@ -21,7 +21,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from torchfeed._batch_rng import resolve
+from torchfeed._batch_rng import per_sample, resolve
 from torchfeed.ops._image_op import resize_center_crop_grid, resized_size
 
 __all__ = ["CenterCrop", "Flip", "NotExact", "Plan", "RandomCrop", "Resize", "Step"]
@@ -176,19 +176,24 @@ class Plan:
     def draw(self, sizes: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
         """The random parameters of a batch: ``boxes`` ``[B, 4]`` int64 (top, left, height,
         width) with a random crop, ``flips`` ``[B]`` bool with a flip; boxes first, then flips
-        (one op draws both: a compiled graph cannot reorder them)."""
-        generator = resolve(generator)
+        (one op draws both: a compiled graph cannot reorder them). In a DevicePrefetcher that
+        knows the batch's samples, image j's from uniforms of sample j's (_batch_rng)."""
         crop, flip = self._crop, self._flip
+        width = (0 if crop is None else 22) + (0 if flip is None else 1)
+        u = per_sample(generator, sizes.shape[0], width) if width else None
+        generator = resolve(generator) if u is None else None
         if crop is not None and flip is not None:
             boxes, flips = torch.ops.torchfeed.sample_crops_and_flips(
-                sizes, *crop.scale, *crop.ratio, flip.p, generator
+                sizes, *crop.scale, *crop.ratio, flip.p, generator, u
             )
             return {"boxes": boxes, "flips": flips}
         if crop is not None:
             boxes = torch.ops.torchfeed.sample_resized_crop(
-                sizes, *crop.scale, *crop.ratio, generator
+                sizes, *crop.scale, *crop.ratio, generator, u
             )
             return {"boxes": boxes}
+        if flip is not None and u is not None:
+            return {"flips": u[:, 0] < flip.p}
         if flip is not None:
             # torch.rand's draws; uniform_ also traces for a symbolic batch size (torch.compile)
             coins = torch.empty(sizes.shape[0], dtype=torch.float32).uniform_(generator=generator)
