@@ -4,7 +4,7 @@ except in a DevicePrefetcher's thread, where the prefetcher sets one seeded for 
 training loop's thread, each run interleaving their draws in another order. Where the
 prefetcher knows the batch's samples (a map-style dataset through torchfeed.loader), a
 transform of the whole batch draws image j's parameters from uniforms seeded for sample j
-(:func:`per_sample`): the same augmentation whichever batch, rank or world size the sample
+(:func:`draws_for`): the same augmentation whichever batch, rank or world size the sample
 comes in."""
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["drawing_from", "per_sample", "resolve"]
+__all__ = ["drawing_from", "draws_for", "resolve"]
 
 _local = threading.local()
+_NONE: tuple[None, None] = (None, None)
 
 
 def resolve(generator: torch.Generator | None) -> torch.Generator | None:
     """``generator``, else the one this thread draws from (None: torch's global generator)."""
     if generator is not None or torch.compiler.is_compiling():
         return generator
-    return getattr(_local, "generator", None)
+    return getattr(_local, "current", _NONE)[0]
 
 
 class _Samples:
@@ -32,7 +33,7 @@ class _Samples:
     into; each draw for the whole batch takes the next stream (two views of a batch differ)."""
 
     def __init__(self, keys: Sequence[int], base: int) -> None:
-        self.keys = torch.tensor(list(keys), dtype=torch.int64)
+        self.keys = torch.tensor(keys, dtype=torch.int64)
         self.base, self.draws = base, 0
 
     def uniforms(self, count: int, width: int) -> torch.Tensor | None:
@@ -43,14 +44,18 @@ class _Samples:
         return u
 
 
-def per_sample(generator: torch.Generator | None, count: int, width: int) -> torch.Tensor | None:
-    """``[count, width]`` uniforms, row j drawn for sample j of the batch this thread prepares,
-    for a transform given no generator that draws for all ``count`` images of it; None
-    otherwise (samples unknown, a batch of another size or a part of it: :func:`resolve`)."""
+def draws_for(
+    generator: torch.Generator | None, count: int, width: int
+) -> tuple[torch.Generator | None, torch.Tensor | None]:
+    """What a transform drawing ``width`` uniforms for each of ``count`` images draws from:
+    ``(None, [count, width] uniforms)``, row j drawn for sample j, when it was given no
+    generator and this thread prepares a batch of ``count`` known samples; else
+    ``(generator, None)`` with the generator :func:`resolve` gives (one lookup for both)."""
     if generator is not None or torch.compiler.is_compiling():
-        return None
-    samples = getattr(_local, "samples", None)
-    return None if samples is None else samples.uniforms(count, width)
+        return generator, None
+    current, samples = getattr(_local, "current", _NONE)
+    u = None if samples is None or not width else samples.uniforms(count, width)
+    return (current, None) if u is None else (None, u)
 
 
 @contextmanager
@@ -59,10 +64,9 @@ def drawing_from(
 ) -> Iterator[None]:
     """Within it, this thread's transforms given no generator draw from ``generator``, or,
     drawing for the whole batch of samples ``keys``, image j from (``base``, ``keys[j]``)."""
-    before = getattr(_local, "generator", None), getattr(_local, "samples", None)
-    _local.generator = generator
-    _local.samples = None if keys is None else _Samples(keys, base)
+    before = getattr(_local, "current", _NONE)
+    _local.current = generator, None if keys is None else _Samples(keys, base)
     try:
         yield
     finally:
-        _local.generator, _local.samples = before
+        _local.current = before

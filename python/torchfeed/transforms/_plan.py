@@ -21,7 +21,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from torchfeed._batch_rng import per_sample, resolve
+from torchfeed._batch_rng import draws_for
 from torchfeed.ops._image_op import resize_center_crop_grid, resized_size
 
 __all__ = ["CenterCrop", "Flip", "NotExact", "Plan", "RandomCrop", "Resize", "Step"]
@@ -180,8 +180,7 @@ class Plan:
         knows the batch's samples, image j's from uniforms of sample j's (_batch_rng)."""
         crop, flip = self._crop, self._flip
         width = (0 if crop is None else 22) + (0 if flip is None else 1)
-        u = per_sample(generator, sizes.shape[0], width) if width else None
-        generator = resolve(generator) if u is None else None
+        generator, u = draws_for(generator, sizes.shape[0], width)
         if crop is not None and flip is not None:
             boxes, flips = torch.ops.torchfeed.sample_crops_and_flips(
                 sizes, *crop.scale, *crop.ratio, flip.p, generator, u
