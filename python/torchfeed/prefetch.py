@@ -68,25 +68,31 @@ class DevicePrefetcher:
     ``transform`` runs in the prefetcher's thread, beside the training loop's: torchfeed's
     random transforms given no ``generator`` draw there from their own streams, not from
     torch's global generator, which the loop's thread draws from too (in an order that changed
-    from run to run). So the same seeds give the same augmentation, and the loop's own draws
-    are its own. Over a torchfeed loader of a map-style dataset, which tells the prefetcher
+    from run to run); so do torch's random functions called there without a generator
+    (``torch.rand``, ``Tensor.uniform_``, ...: a torchvision ``v2.Compose``, ``MixUp``, code of
+    your own), from the batch's generator (on another device, one of the same seed). So the
+    same seeds give the same augmentation, and the loop's own draws are its own. Python's
+    ``random`` and numpy's global generator cannot be given to one thread: a transform drawing
+    from them (torchvision v1's ``RandomOrder``, ``RandomChoice``) shares them with the loop.
+    Over a torchfeed loader of a map-style dataset, which tells the prefetcher
     each batch's dataset indices, a transform of the whole batch draws image j's parameters
     from (``seed``, epoch, its index): the same augmentation for the same sample in whatever
     batch, rank or world size it comes, resumed, elastic or not. Otherwise (a stream, a plain
-    DataLoader, a transform of part of the batch) from a generator seeded for the batch from
-    (``seed``, epoch, rank, batch): ranks seeded alike draw apart, and over a torchfeed loader a
-    run resumed on the same world size draws what the uninterrupted one drew.
+    DataLoader, a transform of part of the batch, torchvision's transforms) from a generator
+    seeded for the batch from (``seed``, epoch, rank, batch): ranks seeded alike draw apart, and
+    over a torchfeed loader a run resumed on the same world size draws what the uninterrupted
+    one drew.
 
-    A torchfeed loader without workers (``num_workers=0``) reads, and seeds torch's, numpy's and
-    ``random``'s global generators for each sample, in this process: it is read in the training
+    A DataLoader without workers (``num_workers=0``, torchfeed's or a plain one) reads in this
+    process, where its samples' augmentation draws from torch's, numpy's and ``random``'s global
+    generators (a torchfeed loader seeds them for each sample): it is read in the training
     loop's thread (``depth`` batches ahead, at each step), where those draws and the loop's take
     turns; read in the prefetcher's thread, the samples' augmentation and the loop's own draws
     changed from run to run. Its reads then do not overlap the step: give it workers for that
-    (``num_workers=1`` is enough for pre-tokenized text). Any other loader is read in the
-    prefetcher's thread; one without workers whose reads draw from those generators shares them
-    with a loop that draws too.
-    ``seed=None``: ``torch.initial_seed()`` when the prefetcher is made. A torchvision
-    transform in ``transform`` still draws from the global generator.
+    (``num_workers=1`` is enough for pre-tokenized text). Any other iterable (a generator of
+    batches) is read in the prefetcher's thread; one whose reads draw from those generators in
+    this process shares them with a loop that draws too.
+    ``seed=None``: ``torch.initial_seed()`` when the prefetcher is made.
     """
 
     def __init__(
@@ -213,12 +219,15 @@ class _Producer:
         # draws from (seed, epoch, its index), whatever batch, rank or world size it comes in
         self.sample_base = _signed(derive_seed(owner.seed, self.epoch, -2))
         self.generator = torch.Generator()
-        # A torchfeed loader without workers reads (and seeds torch's, numpy's and random's
-        # global generators for each sample) in this process: read in the prefetcher's thread,
-        # beside the loop's, the two threads' draws interleaved in another order every run. It
-        # is read in the loop's thread, at each step for the batch `depth` ahead; the copy and
-        # the transform stay in the prefetcher's.
-        self.inline = self.counted is not None and self.counted.num_workers == 0
+        # A DataLoader without workers reads in this process (a torchfeed one seeds torch's,
+        # numpy's and random's global generators for each sample; a dataset's augmentation
+        # draws from them): read in the prefetcher's thread, beside the loop's, the two
+        # threads' draws interleaved in another order every run. It is read in the loop's
+        # thread, at each step for the batch `depth` ahead; the copy and the transform stay in
+        # the prefetcher's.
+        self.inline = (
+            isinstance(owner.loader, torch.utils.data.DataLoader) and owner.loader.num_workers == 0
+        )
         self.it: Iterator | None = it if self.inline else None
         self.raw: queue.Queue = queue.Queue()  # read batches for the thread (inline)
         self.in_flight = 0  # read, not yet handed on (inline)
@@ -290,7 +299,8 @@ class _Producer:
                 self.raw.put(_END if isinstance(e, StopIteration) else _Failure(e))
                 return
             self.read += 1
-            self.raw.put((batch, self.read, self.counted._batches, self.keys()))
+            tag = None if self.counted is None else self.counted._batches
+            self.raw.put((batch, self.read, tag, self.keys()))
             self.in_flight += 1
 
     def run_inline(self) -> None:

@@ -1,0 +1,188 @@
+"""What code that is not torchfeed's draws in a DevicePrefetcher: a torchvision transform (a
+``v2.Compose`` a user already has, MixUp) given as its ``transform``, and a plain DataLoader's
+reads. Both drew from torch's global generator beside the training loop's thread, in an order
+that changed from run to run: the same seeds gave other augmentation, and the loop's own draws
+changed with it. torch's random functions called in the prefetcher's thread without a generator
+now draw from the batch's (seed, epoch, rank, batch) generator; a DataLoader without workers is
+read in the loop's thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from torchvision.transforms import v2
+
+import torchfeed
+from torchfeed._batch_rng import _random_functions, drawing_from
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+N, BATCH = 32, 4
+
+
+class Images(torch.utils.data.Dataset):
+    """Image i is a distinct uint8 pattern; its label is i."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        pattern = torch.arange(3 * 12 * 12).reshape(3, 12, 12) * (i + 1) % 251
+        return pattern.to(torch.uint8), i
+
+
+AUGMENT = v2.Compose(
+    [v2.RandomResizedCrop(6), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32)]
+)
+MIXUP = v2.MixUp(num_classes=N)
+
+
+def augment(batch):
+    images, labels = batch
+    return MIXUP(AUGMENT(images), labels)
+
+
+def make_loader(kind: str, workers: int):
+    if kind == "plain":
+        return torch.utils.data.DataLoader(Images(), batch_size=BATCH, shuffle=True,
+                                           num_workers=workers)  # fmt: skip
+    return torchfeed.loader(Images(), batch_size=BATCH, shuffle=True, num_workers=workers)
+
+
+def run(kind="torchfeed", workers=0, pause=0.0, transform=augment, steps=None, state=None):
+    """(the batches the loop got, the loop's own torch draws, the loader's state after
+    ``steps``)."""
+    torch.manual_seed(0)
+    loader = make_loader(kind, workers)
+    if state is not None:
+        loader.load_state_dict(state)
+    got, loop, saved = [], [], None
+    for k, (images, labels) in enumerate(
+        torchfeed.DevicePrefetcher(loader, "cpu", transform=transform), 1
+    ):
+        got.append((images.flatten()[::5].tolist(), labels.flatten().tolist()))
+        time.sleep(pause)  # the prefetcher's thread runs meanwhile
+        loop.append(torch.rand(()).item())
+        if k == steps:
+            saved = loader.state_dict()
+            break
+    return got, loop, saved
+
+
+@pytest.mark.parametrize(("kind", "workers"), [("torchfeed", 0), ("plain", 0), ("plain", 2)])
+def test_a_torchvision_transform_draws_the_same_for_the_same_seeds(kind, workers):
+    first = run(kind, workers, pause=0.002)
+    for pause in (0.0, 0.004):
+        assert run(kind, workers, pause=pause) == first
+    images = [g[0] for g in first[0]]
+    assert len({tuple(i) for i in images}) == len(images)  # each batch drew its own
+    # the loop's draws are its own: the same as beside a transform that draws nothing
+    _, alone, _ = run(kind, workers, transform=lambda batch: (batch[0].float(), batch[1]))
+    assert first[1] == alone
+
+
+def test_ranks_seeded_alike_draw_apart(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    drawn = {}
+    for rank in (0, 1, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        got, _, _ = run("plain")
+        assert drawn.setdefault(rank, got) == got
+    for b0, b1 in zip(drawn[0], drawn[1], strict=True):
+        assert b0[0] != b1[0]  # (the same samples: a plain DataLoader shuffles alike)
+
+
+def test_a_resumed_run_draws_what_the_uninterrupted_one_drew():
+    whole, _, _ = run()
+    _, _, state = run(steps=3)
+    resumed, _, _ = run(state=state)
+    assert resumed == whole[3:]
+
+
+def test_torch_random_functions_in_the_thread_draw_from_the_batch_generator():
+    """Each random function torchvision's transforms (and users' batch transforms) call, without
+    a generator: within drawing_from it draws what it draws from the batch's generator; given one
+    it keeps it; torch's global generator is left as it was."""
+    cases = {
+        "rand": lambda **g: torch.rand(3, **g),
+        "randn": lambda **g: torch.randn(3, **g),
+        "randint": lambda **g: torch.randint(0, 100, (3,), **g),
+        "randperm": lambda **g: torch.randperm(6, **g),
+        "bernoulli": lambda **g: torch.bernoulli(torch.full((4,), 0.5), **g),
+        "multinomial": lambda **g: torch.multinomial(torch.ones(5), 3, **g),
+        "normal": lambda **g: torch.normal(torch.zeros(3), torch.ones(3), **g),
+        "poisson": lambda **g: torch.poisson(torch.full((3,), 4.0), **g),
+        "uniform_": lambda **g: torch.empty(3).uniform_(**g),
+        "normal_": lambda **g: torch.empty(3).normal_(**g),
+        "random_": lambda **g: torch.empty(3).random_(0, 9, **g),
+        "exponential_": lambda **g: torch.empty(3).exponential_(**g),
+    }
+    if torch.rand_like in _random_functions():  # (its generator= is in newer torch only)
+        cases["rand_like"] = lambda **g: torch.rand_like(torch.empty(3), **g)
+    for name, draw in cases.items():
+        torch.manual_seed(1)
+        expected_global = torch.rand(2)
+        torch.manual_seed(1)
+        with drawing_from(torch.Generator().manual_seed(7)):
+            got = draw()
+            own = draw(generator=torch.Generator().manual_seed(8))
+        assert torch.equal(got, draw(generator=torch.Generator().manual_seed(7))), name
+        assert torch.equal(own, draw(generator=torch.Generator().manual_seed(8))), name
+        assert torch.equal(torch.rand(2), expected_global), name
+
+
+def test_another_threads_draws_are_left_to_the_global_generator():
+    torch.manual_seed(2)
+    expected = torch.rand(4)
+    torch.manual_seed(2)
+    inside, outside = threading.Event(), threading.Event()
+    got = []
+
+    def other():
+        inside.wait()
+        got.append(torch.rand(4))
+        outside.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with drawing_from(torch.Generator().manual_seed(3)):
+        inside.set()
+        outside.wait()
+        torch.rand(4)
+    thread.join()
+    assert torch.equal(got[0], expected)
+
+
+class Drawing(torch.utils.data.Dataset):
+    """Each read draws from torch (a per-sample augmentation) and notes its thread."""
+
+    def __init__(self):
+        self.threads = set()
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        self.threads.add(threading.current_thread().name)
+        return torch.tensor([float(i), torch.rand(()).item()])
+
+
+def test_a_plain_dataloader_without_workers_is_read_in_the_loops_thread():
+    def read(pause):
+        torch.manual_seed(0)
+        data = Drawing()
+        batches, loop = [], []
+        loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+        for batch in torchfeed.DevicePrefetcher(loader, "cpu"):
+            batches.append(batch.tolist())
+            loop.extend(torch.rand(5).tolist())
+            time.sleep(pause)
+        return batches, loop, data.threads
+
+    first = read(0.002)
+    assert first[2] == {threading.main_thread().name}
+    for pause in (0.0, 0.004):
+        assert read(pause) == first
