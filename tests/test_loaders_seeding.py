@@ -512,3 +512,22 @@ def test_a_random_collate_draws_the_same_after_a_resume(workers):
         head, state = run(steps)
         tail, _ = run(state=state)
         assert head + tail == full, steps
+
+
+def drawn_with_generator(global_seed: int, generator_seed: int, workers: int):
+    torch.manual_seed(global_seed)  # (a run's model seed, say, that the data should not follow)
+    g = torch.Generator().manual_seed(generator_seed)
+    loader = torchfeed.loader(Augmented(), batch_size=4, shuffle=True, num_workers=workers,
+                              generator=g, collate_fn=collate)  # fmt: skip
+    return [b for b in loader]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loaders_generator_seeds_its_samples(workers):
+    """PyTorch's reproducibility recipe seeds the DataLoader's generator, which orders the
+    samples and seeds the workers: the samples drew from torch.initial_seed() instead, so two
+    runs of one generator seed and other global seeds got the same order and other crops."""
+    first = drawn_with_generator(1, 0, workers)
+    assert drawn_with_generator(2, 0, workers) == first
+    other = drawn_with_generator(1, 5, workers)
+    assert sorted(d for b in other for d in b) != sorted(d for b in first for d in b)

@@ -197,14 +197,16 @@ def test_a_read_error_without_workers_follows_the_batches_before_it():
     assert data.threads == {threading.main_thread().name}
 
 
-def draws_by_sample(batch_size: int, world: int, workers: int, monkeypatch, transform=boxes):
+def draws_by_sample(batch_size: int, world: int, workers: int, monkeypatch, transform=boxes,
+                    rank_seeds: bool = False):  # fmt: skip
     """Sample index -> the transform's draws for it, over every rank of a map-style dataset
-    read through torchfeed.loader and a DistributedSampler."""
+    read through torchfeed.loader and a DistributedSampler (each rank's global seed its rank's
+    with ``rank_seeds``, else 0)."""
     out = {}
     monkeypatch.setenv("WORLD_SIZE", str(world))
     for rank in range(world):
         monkeypatch.setenv("RANK", str(rank))
-        torch.manual_seed(0)
+        torch.manual_seed(rank if rank_seeds else 0)
         data = [(i, image(i)) for i in range(N)]
         sampler = DistributedSampler(N, world, rank, seed=3)
         loader = torchfeed.loader(data, batch_size=batch_size, sampler=sampler,
@@ -235,3 +237,11 @@ def test_two_views_of_a_batch_differ(monkeypatch):
     views = draws_by_sample(4, 1, 0, monkeypatch, two_views)
     assert draws_by_sample(8, 2, 0, monkeypatch, two_views) == views
     assert sum(a != b for a, b in views.values()) > N // 2
+
+
+def test_ranks_seeded_apart_draw_alike_for_a_sample_of_a_seeded_sampler(monkeypatch):
+    """seed=None takes the seed the loader's samples draw from (here the DistributedSampler's):
+    with torch.initial_seed(), ranks seeded apart (torch.manual_seed(rank)) cropped a sample
+    otherwise on each, and an elastic run gave it other crops."""
+    one = draws_by_sample(4, 1, 0, monkeypatch)
+    assert draws_by_sample(6, 2, 0, monkeypatch, rank_seeds=True) == one

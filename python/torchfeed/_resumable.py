@@ -19,7 +19,7 @@ from torchfeed._loader_iterators import _Counting, _Dropping, _Skipping, index_s
 from torchfeed.collate import DefaultCollate
 from torchfeed.data._distributed import distributed_initialized, rank_and_world_size
 from torchfeed.data._sampler import DistributedSampler
-from torchfeed.data._seeding import SeedPerSample
+from torchfeed.data._seeding import SeedPerSample, run_seed
 from torchfeed.data._sharding import ShardedIterableDataset
 
 __all__ = ["ResumableLoader", "worker_batches"]
@@ -122,8 +122,9 @@ class ResumableLoader(DataLoader):
     :class:`~torchfeed.data.SeedPerSample` (``seed_samples=True``, the default), so that sample
     i's ``__getitem__`` draws from generators seeded from (seed, epoch, i): the same
     augmentation whatever rank or worker reads it, before or after a resume, on any world size
-    or worker count. The seed is the sampler's (a DistributedSampler's ``seed``), else
-    ``torch.initial_seed()`` when the loader is made (seed every run alike); an int
+    or worker count. The seed is the sampler's (a DistributedSampler's ``seed``), else the
+    initial seed of the loader's ``generator``, else ``torch.initial_seed()`` when the loader
+    is made (seed every run alike); an int
     ``seed_samples`` sets it; ``False`` leaves the workers' streams as they are (a dataset that
     draws nothing read by index saves about 3 us a sample; one that draws from numpy or
     ``random``, about 10 us). The epoch is the sampler's ``epoch`` if it has
@@ -157,8 +158,7 @@ class ResumableLoader(DataLoader):
                 sampler = kwargs.get("sampler") or getattr(
                     kwargs.get("batch_sampler"), "sampler", None
                 )
-                seed = getattr(sampler, "seed", None)
-                seed_samples = seed if isinstance(seed, int) else torch.initial_seed()
+                seed_samples = run_seed(sampler, kwargs.get("generator"))
             dataset = SeedPerSample(dataset, int(seed_samples))
         if _default_collation(args, kwargs):
             # default_collate's batches, written into memory each worker reuses

@@ -15,7 +15,8 @@ from torch import Tensor
 from torchfeed._batch_rng import drawing_from
 from torchfeed._tree import map_tensors, tensors_of
 from torchfeed.data._distributed import rank_and_world_size
-from torchfeed.data._seeding import derive_seed
+from torchfeed.data._seeding import SeedPerSample, derive_seed, run_seed
+from torchfeed.data._sharding import ShardedIterableDataset
 from torchfeed.memory._pinned_ring import PinnedRing
 
 __all__ = ["DevicePrefetcher"]
@@ -27,6 +28,15 @@ _END = object()
 def _signed(seed: int) -> int:
     """A 64-bit seed as the int64 an op's ``int`` argument takes (the same bits)."""
     return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+def _default_seed(loader: Any) -> int:
+    """The seed the loader's samples draw from: a torchfeed loader's per-sample seed or a
+    sharded stream's, else its sampler's, its generator's, or torch's (:func:`run_seed`)."""
+    dataset = getattr(loader, "dataset", None)
+    if isinstance(dataset, SeedPerSample | ShardedIterableDataset):
+        return dataset.seed
+    return run_seed(getattr(loader, "sampler", None), getattr(loader, "generator", None))
 
 
 def _listed(keys: Any) -> list[Any]:
@@ -92,7 +102,10 @@ class DevicePrefetcher:
     (``num_workers=1`` is enough for pre-tokenized text). Any other iterable (a generator of
     batches) is read in the prefetcher's thread; one whose reads draw from those generators in
     this process shares them with a loop that draws too.
-    ``seed=None``: ``torch.initial_seed()`` when the prefetcher is made.
+    ``seed=None``: the seed the loader's samples draw from (a torchfeed loader's, its
+    sampler's ``seed``, its ``generator``'s initial seed), else ``torch.initial_seed()`` when
+    the prefetcher is made: ranks seeded apart (``torch.manual_seed(rank)``) whose sampler or
+    generator is seeded alike draw alike for a sample.
     """
 
     def __init__(
@@ -131,7 +144,7 @@ class DevicePrefetcher:
         self._warned_oversize = False
         self.transform = transform
         self.depth = depth
-        self.seed = torch.initial_seed() if seed is None else seed
+        self.seed = _default_seed(loader) if seed is None else seed
         self._epochs = 0  # iterators made (the epoch of a loader that does not count its own)
 
     def __len__(self) -> int:

@@ -44,6 +44,16 @@ def derive_seed(*parts: int) -> int:
     return h
 
 
+def run_seed(sampler: Any, generator: torch.Generator | None) -> int:
+    """The seed a loader's samples draw from: its sampler's ``seed`` (a DistributedSampler's),
+    else the initial seed of the loader's ``generator`` (PyTorch's reproducibility recipe seeds
+    that generator, and the DataLoader seeds its workers from it), else ``torch.initial_seed()``."""
+    seed = getattr(sampler, "seed", None)
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return seed
+    return generator.initial_seed() if generator is not None else torch.initial_seed()
+
+
 def _seed_generators(s: int) -> None:
     """torch's CPU generator, numpy's global generator and ``random``, from one 64-bit seed."""
     torch.default_generator.manual_seed(s)
