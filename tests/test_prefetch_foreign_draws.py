@@ -186,3 +186,30 @@ def test_a_plain_dataloader_without_workers_is_read_in_the_loops_thread():
     assert first[2] == {threading.main_thread().name}
     for pause in (0.0, 0.004):
         assert read(pause) == first
+
+
+@pytest.mark.cuda
+def test_a_transform_drawing_on_the_gpu_draws_from_a_generator_of_the_batch():
+    """torch.rand(device="cuda") and Tensor.uniform_ on a CUDA batch, in the prefetcher's
+    thread: the same seeds give the same draws, and the loop's own CUDA draws (dropout's
+    generator) are the same as beside a transform that draws nothing."""
+
+    def noisy(batch):
+        x = batch.float()
+        return x + torch.rand(x.shape, device=x.device) + torch.empty_like(x).uniform_()
+
+    def run_cuda(transform, pause):
+        torch.manual_seed(0)
+        loader = torch.utils.data.DataLoader(torch.arange(64.0).reshape(16, 4), batch_size=2,
+                                             num_workers=1)  # fmt: skip
+        got, loop = [], []
+        for batch in torchfeed.DevicePrefetcher(loader, "cuda", transform=transform):
+            got.append(batch.cpu())
+            time.sleep(pause)
+            loop.append(torch.rand(4, device="cuda").cpu())
+        return torch.stack(got), torch.stack(loop)
+
+    first = run_cuda(noisy, 0.002)
+    again = run_cuda(noisy, 0.0)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert torch.equal(run_cuda(lambda b: b.float(), 0.0)[1], first[1])
