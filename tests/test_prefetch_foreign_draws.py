@@ -213,3 +213,44 @@ def test_a_transform_drawing_on_the_gpu_draws_from_a_generator_of_the_batch():
     again = run_cuda(noisy, 0.0)
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
     assert torch.equal(run_cuda(lambda b: b.float(), 0.0)[1], first[1])
+
+
+def test_another_device_gets_its_batches_copied_and_transformed_in_the_loops_thread():
+    """device="mps" (or any device but the CPU and CUDA) handed out CPU batches without a word.
+    The batches are now copied there, and transformed there, in the loop's thread (MPS aborts
+    the process when two threads run ops at once); "meta" stands in for such a device here."""
+    threads = []
+
+    def transform(batch):
+        threads.append(threading.current_thread().name)
+        images, labels = batch
+        assert images.device.type == "meta"
+        return images.float() + torch.rand(images.shape, device="meta"), labels
+
+    loader = torch.utils.data.DataLoader(Images(), batch_size=BATCH, num_workers=2)
+    out = list(torchfeed.DevicePrefetcher(loader, "meta", transform=transform))
+    assert len(out) == N // BATCH
+    assert all(x.device.type == "meta" and y.device.type == "meta" for x, y in out)
+    assert set(threads) == {threading.main_thread().name}
+    plain = list(torchfeed.DevicePrefetcher(loader, "meta"))
+    assert all(x.device.type == "meta" and x.dtype == torch.uint8 for x, _ in plain)
+
+
+def test_another_devices_transform_draws_what_it_drew_in_the_prefetchers_thread():
+    """The transform in the loop's thread draws from the batch's generator (the loop's own
+    draws stay its own): the same draws as on the CPU, where it runs in the prefetcher's."""
+
+    def drawn(device):
+        torch.manual_seed(0)
+        loader = torchfeed.loader(Images(), batch_size=BATCH, shuffle=True)
+        draws, loop = [], []
+
+        def transform(batch):
+            draws.append(torch.rand(3).tolist())
+            return batch
+
+        for _ in torchfeed.DevicePrefetcher(loader, device, transform=transform):
+            loop.append(torch.rand(()).item())
+        return draws, loop
+
+    assert drawn("meta") == drawn("cpu")

@@ -51,6 +51,14 @@ class _Failure:
         self.error = error
 
 
+class _InLoop:
+    """A batch for another device (not the CPU, not CUDA): copied there and transformed in the
+    training loop's thread, with the draws it would have had in the prefetcher's."""
+
+    def __init__(self, seed: int | None, keys: list[int] | None) -> None:
+        self.seed, self.keys = seed, keys
+
+
 class DevicePrefetcher:
     """Iterates ``loader`` (a DataLoader or any iterable of batches) one step ahead of the
     training loop, in a background thread:
@@ -60,7 +68,11 @@ class DevicePrefetcher:
       and passed through ``transform`` there (e.g. the fused crop/flip/normalize, or
       ``RaggedBatch.pad``); the batch handed out is safe to use on the consumer's current
       stream (it waits for the copy stream, and the tensors are marked as used by it);
-    - on a CPU-only machine: loading and ``transform`` still overlap with the step.
+    - on a CPU-only machine: loading and ``transform`` still overlap with the step;
+    - on another device (``mps``, ``xpu``): each batch is copied there and passed through
+      ``transform`` in the training loop's thread as it is handed out, with the draws it would
+      have had in the prefetcher's thread (MPS aborts the process when two threads run ops at
+      once); only the reading overlaps the step.
 
     ``pinned_ring=None`` uses the device's shared arena (:meth:`PinnedRing.for_device`, made on
     the first GPU batch for ``depth + 2`` batches of that size, grown when a later prefetcher's
@@ -139,6 +151,10 @@ class DevicePrefetcher:
             self.stream: torch.cuda.Stream | None = torch.cuda.Stream(self.device)
         else:
             self.stream = None
+        # Another device (mps, xpu): the copy and the transform run in the loop's thread, where
+        # its work already runs (MPS aborts the process when two threads run ops at once:
+        # pytorch/pytorch#197805); the prefetcher's thread reads ahead on the host.
+        self._in_loop = self.device.type not in ("cpu", "cuda")
         self.pinned_ring = pinned_ring if isinstance(pinned_ring, PinnedRing) else None
         self._auto_ring = pinned_ring is None and self.device.type == "cuda"
         self._warned_oversize = False
@@ -174,6 +190,14 @@ class DevicePrefetcher:
             ready = torch.cuda.Event()
             ready.record(self.stream)
         return on_device, ready
+
+    def _moved(self, batch: Any, later: _InLoop, generator: torch.Generator, base: int) -> Any:
+        """Another device's batch, in the loop's thread: copied there, then transformed."""
+        batch = map_tensors(batch, lambda t: t.to(self.device))
+        if self.transform is None or later.seed is None:
+            return batch
+        with drawing_from(generator.manual_seed(later.seed), later.keys, base):
+            return self.transform(batch)
 
     def _transformed(self, batch: Any) -> Any:
         return batch if self.transform is None else self.transform(batch)
@@ -276,9 +300,13 @@ class _Producer:
         """The batch copied and transformed, its ready event, and the loader's count with it
         (``tag``: the loop has that many once it is handed on)."""
         if self.owner.transform is None:  # nothing draws: no generator to seed
+            if self.owner._in_loop:
+                return batch, _InLoop(None, None), tag
             return (*self.owner._prepare(batch), tag)
         index = self.first + (read if tag is None else tag)
         seed = derive_seed(self.owner.seed, self.epoch, self.rank, index, -2)
+        if self.owner._in_loop:
+            return batch, _InLoop(seed, keys), tag
         # each image's draws from its sample, where the samples are known
         with drawing_from(self.generator.manual_seed(seed), keys, self.sample_base):
             return (*self.owner._prepare(batch), tag)
@@ -379,7 +407,13 @@ class _PrefetchIterator:
         producer.in_flight -= 1
         if tag is not None:
             producer.counted._consumed = tag
-        if ready is not None:
+        if isinstance(ready, _InLoop):
+            try:
+                batch = self._owner._moved(batch, ready, producer.generator, producer.sample_base)
+            except BaseException:
+                self.close()
+                raise
+        elif ready is not None:
             consumer = torch.cuda.current_stream(self._owner.device)
             consumer.wait_event(ready)
             for t in tensors_of(batch):
