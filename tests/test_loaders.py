@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 import torchfeed
 from torchfeed.data import (
     DistributedSampler,
+    SerializedList,
     ShardedIterableDataset,
     SkipCorrupt,
     WorkerSeeder,
@@ -399,12 +400,12 @@ def test_a_checkpoint_of_a_dataset_whose_length_changed_is_refused():
 @pytest.fixture
 def forking_rank(monkeypatch):
     """A process where torch.distributed is initialized, on a Python with gh-112275."""
-    from torchfeed import _resumable
+    from torchfeed import _forking
 
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(_resumable, "_FORK_DEADLOCK", True)
-    monkeypatch.setattr(_resumable, "_fork_warned", False)
-    return _resumable
+    monkeypatch.setattr(_forking, "_FORK_DEADLOCK", True)
+    monkeypatch.setattr(_forking, "_fork_warned", False)
+    return _forking
 
 
 def test_forking_workers_in_a_distributed_process_warns_once_with_the_remedy(forking_rank):
@@ -435,3 +436,57 @@ def test_no_fork_warning_where_nothing_forks_or_nothing_can_hang(forking_rank, m
     loader = torchfeed.loader(list(range(8)), batch_size=4, **kw)
     forking_rank._warn_fork_in_distributed(loader)  # (warnings are errors in tests/)
     assert not forking_rank._fork_warned
+
+
+class Folder(torch.utils.data.Dataset):
+    """An ImageFolder's metadata: (path, label) tuples in a list (and the same list again)."""
+
+    def __init__(self, n, serialized=False):
+        samples = [(f"train/c{i % 7}/{i}.jpg", i % 7) for i in range(n)]
+        self.samples = SerializedList(samples) if serialized else samples
+        self.imgs = self.samples
+        self.targets = [label for _, label in samples]  # numbers: no page of their own written
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        return self.samples[i][1]
+
+
+@pytest.fixture
+def copy_warning(monkeypatch):
+    from torchfeed import _forking
+
+    monkeypatch.setattr(_forking, "_COPIED_OBJECTS", 500)
+    monkeypatch.setattr(_forking, "_copy_warned", False)
+    monkeypatch.setattr(_forking, "_start_method", lambda loader: "fork")
+    return _forking
+
+
+def test_forking_workers_over_millions_of_python_objects_warns_once_with_the_remedy(
+    copy_warning,
+):
+    loader = torchfeed.loader(Folder(600), batch_size=4, num_workers=2, shuffle=True)
+    loader._make_iterator = lambda: iter(())  # (no workers started)
+    with pytest.warns(RuntimeWarning, match=r"Folder.samples holds 600 Python objects\. Each of "
+                      r"the 2 forked workers.*dataset.samples = torchfeed.data.SerializedList") as w:  # fmt: skip
+        list(loader)
+    assert len(w) == 1 and w[0].filename == __file__ and "imgs" not in str(w[0].message)
+    list(loader)  # once per process
+
+
+@pytest.mark.parametrize("case", ["serialized", "no workers", "spawn", "fewer", "subset"])
+def test_no_copy_warning_where_no_worker_copies_objects(copy_warning, case):
+    data = Folder(400 if case == "fewer" else 600, serialized=case == "serialized")
+    kw = {"num_workers": 0 if case == "no workers" else 2}
+    if case == "spawn":
+        copy_warning._start_method = lambda loader: "spawn"
+    if case == "subset":  # (found through a wrapper: warns)
+        data = torch.utils.data.Subset(data, range(10))
+    loader = torchfeed.loader(data, batch_size=4, **kw)
+    if case == "subset":
+        assert copy_warning._copied_containers(loader.dataset) == [("Folder.samples", 600)]
+        return
+    copy_warning._warn_copied_metadata(loader)  # (warnings are errors in tests/)
+    assert not copy_warning._copy_warned

@@ -5,9 +5,6 @@ in the epoch exactly once)."""
 from __future__ import annotations
 
 import copy
-import multiprocessing
-import sys
-import warnings
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -15,9 +12,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from torchfeed._forking import warn_before_forking
 from torchfeed._loader_iterators import _Counting, _Dropping, _Skipping, index_sampler
 from torchfeed.collate import DefaultCollate
-from torchfeed.data._distributed import distributed_initialized, rank_and_world_size
+from torchfeed.data._distributed import rank_and_world_size
 from torchfeed.data._sampler import DistributedSampler
 from torchfeed.data._seeding import SeedPerSample, run_seed
 from torchfeed.data._sharding import ShardedIterableDataset
@@ -25,47 +23,6 @@ from torchfeed.data._sharding import ShardedIterableDataset
 __all__ = ["ResumableLoader", "worker_batches"]
 
 _KIND, _VERSION = "torchfeed.loader", 1
-
-# CPython before 3.12 can deadlock a forked child in PyOS_AfterFork_Child, when another thread
-# held the interpreter's thread-state lock at the fork (gh-112275). A torch.distributed process
-# has threads of its own (gloo's), so a DataLoader forking its workers there (a DDP loop's next
-# epoch, right after a collective) now and then leaves a worker stuck before it runs any Python
-# (seen with gdb), and the rank waiting for its batch forever. Measured here (Python 3.11.7,
-# gloo, 2 ranks x 2 workers, a new loader per epoch): 3 of 4 runs of 400 epochs hung, with a
-# plain DataLoader as with torchfeed.loader.
-_FORK_DEADLOCK = sys.version_info < (3, 12)
-_fork_warned = False
-
-
-def _warn_fork_in_distributed(loader: DataLoader) -> None:
-    """Warns once per process when ``loader`` is about to fork workers from a torch.distributed
-    process on a Python with gh-112275."""
-    global _fork_warned
-    if _fork_warned or not _FORK_DEADLOCK or loader.num_workers == 0:
-        return
-    if not distributed_initialized():
-        return
-    context = loader.multiprocessing_context
-    method = (
-        context.get_start_method()
-        if context is not None
-        else multiprocessing.get_start_method(allow_none=True)
-        or multiprocessing.get_all_start_methods()[0]  # the default, without fixing it
-    )
-    if method != "fork":
-        return
-    _fork_warned = True
-    version = ".".join(map(str, sys.version_info[:3]))
-    warnings.warn(
-        f"torchfeed.loader: forking DataLoader workers in a torch.distributed process on Python "
-        f"{version} can leave a worker deadlocked at its start (CPython gh-112275, fixed in "
-        "3.12: the worker inherits an interpreter lock one of the process group's threads held "
-        "at the fork), and the rank then waits for its batch forever. Pass "
-        "multiprocessing_context='spawn' to the loader (a spawned worker also exits when its "
-        "rank is killed; a forkserver's are kept alive by the server), or use Python 3.12+",
-        RuntimeWarning,
-        stacklevel=4,  # _epoch_iterator, __iter__, the user's loop
-    )
 
 
 def worker_batches(
@@ -272,7 +229,7 @@ class ResumableLoader(DataLoader):
                 self._progress = None
         self._batches = self._skip_batches  # this epoch's, a checkpoint of a resumed one too
         self._started = True
-        _warn_fork_in_distributed(self)
+        warn_before_forking(self)
         if not isinstance(source, ShardedIterableDataset):
             it = self._make_iterator()
             drop, self._drop_batches = self._drop_batches, 0
