@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from torchfeed.data._seeding import derive_seed
+
 __all__ = ["drawing_from", "draws_for", "resolve"]
 
 _local = threading.local()
@@ -100,10 +102,13 @@ class _BatchDraws(TorchFunctionMode):
     def on(self, device: torch.device) -> torch.Generator | None:
         if device.type == "cpu":
             return self.generator
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         if device not in self.others:
             try:  # (a device without generators, meta say: its draws are left as they are)
                 g = torch.Generator(device)
-                g.manual_seed(self.generator.initial_seed())
+                # (two GPUs' generators of one seed would draw alike)
+                g.manual_seed(derive_seed(self.generator.initial_seed(), 1 + (device.index or 0)))
             except (RuntimeError, TypeError):
                 g = None
             self.others[device] = g
@@ -112,7 +117,11 @@ class _BatchDraws(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         assert _RANDOM is not None
-        if func in _RANDOM and kwargs.get("generator") is None:
+        try:
+            draws = func in _RANDOM and kwargs.get("generator") is None
+        except TypeError:  # (an unhashable callable: not one of torch's random functions)
+            draws = False
+        if draws:
             device = kwargs.get("device")
             if device is None:
                 tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
