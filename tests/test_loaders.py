@@ -5,6 +5,7 @@ consumed exactly once. (The torchrun runs over real ranks are in test_resume_tor
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -474,6 +475,13 @@ def test_forking_workers_over_millions_of_python_objects_warns_once_with_the_rem
         list(loader)
     assert len(w) == 1 and w[0].filename == __file__ and "imgs" not in str(w[0].message)
     list(loader)  # once per process
+
+
+def test_an_array_of_objects_is_found_and_one_of_numbers_is_not(copy_warning):
+    data = Folder(10)
+    data.paths = np.array([f"{i}.jpg" for i in range(600)], dtype=object)
+    data.sizes = np.arange(600)
+    assert copy_warning._copied_containers(data) == [("Folder.paths", 600)]
 
 
 @pytest.mark.parametrize("case", ["serialized", "no workers", "spawn", "fewer", "subset"])

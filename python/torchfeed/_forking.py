@@ -9,6 +9,7 @@ import sys
 import warnings
 from typing import Any
 
+import numpy as np
 from torch.utils.data import DataLoader
 
 from torchfeed.data._distributed import distributed_initialized
@@ -82,8 +83,9 @@ def _datasets(dataset: Any) -> list[Any]:
 
 
 def _copied_containers(dataset: Any) -> list[tuple[str, int]]:
-    """(name, length) of the lists, tuples and dicts of at least _COPIED_OBJECTS objects that
-    the dataset holds (not numbers: a list of small ints writes to no page of its own)."""
+    """(name, length) of the lists, tuples, dicts and numpy arrays of objects, of at least
+    _COPIED_OBJECTS objects, that the dataset holds (not numbers: a list of small ints writes to
+    no page of its own)."""
     out: list[tuple[str, int]] = []
     seen: set[int] = set()
     for d in _datasets(dataset):
@@ -92,10 +94,14 @@ def _copied_containers(dataset: Any) -> list[tuple[str, int]]:
         except TypeError:  # (no __dict__)
             continue
         for name, value in attributes.items():
-            if id(value) in seen or not isinstance(value, list | tuple | dict):
+            if id(value) in seen:
                 continue
             seen.add(id(value))
-            if len(value) < _COPIED_OBJECTS:
+            if isinstance(value, np.ndarray):  # an array of objects holds references too
+                if value.dtype == object and value.size >= _COPIED_OBJECTS:
+                    out.append((f"{type(d).__name__}.{name}", value.size))
+                continue
+            if not isinstance(value, list | tuple | dict) or len(value) < _COPIED_OBJECTS:
                 continue
             first = next(iter(value.values() if isinstance(value, dict) else value))
             if first is None or isinstance(first, int | float | bool):
