@@ -498,3 +498,20 @@ def test_no_copy_warning_where_no_worker_copies_objects(copy_warning, case):
         return
     copy_warning._warn_copied_metadata(loader)  # (warnings are errors in tests/)
     assert not copy_warning._copy_warned
+
+
+def test_the_copy_check_never_fails_a_loader(copy_warning):
+    """A dataset whose attribute lookups raise, or whose `datasets` is not a list of them."""
+
+    class Odd(Folder):
+        datasets = 5
+
+        def __getattr__(self, name):
+            if name == "dataset":
+                raise RuntimeError("a lookup that fails otherwise than AttributeError")
+            raise AttributeError(name)
+
+    data = Odd(10)
+    assert copy_warning._copied_containers(data) == []
+    loader = torchfeed.loader(data, batch_size=5, num_workers=2)
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3, 4], [5, 6, 0, 1, 2]]

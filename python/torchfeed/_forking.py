@@ -76,9 +76,12 @@ def _datasets(dataset: Any) -> list[Any]:
         if any(d is f for f in found):
             continue
         found.append(d)
-        inner = getattr(d, "dataset", None)
+        try:  # (a dataset's own __getattr__ may raise anything: this check never fails a read)
+            inner, parts = getattr(d, "dataset", None), getattr(d, "datasets", None)
+        except Exception:
+            continue
         todo.extend([inner] if inner is not None else [])
-        todo.extend(getattr(d, "datasets", None) or [])
+        todo.extend(parts[:16] if isinstance(parts, list | tuple) else [])
     return found
 
 

@@ -405,15 +405,15 @@ class _PrefetchIterator:
             raise item.error
         batch, ready, tag = item
         producer.in_flight -= 1
-        if tag is not None:
-            producer.counted._consumed = tag
         if isinstance(ready, _InLoop):
             try:
                 batch = self._owner._moved(batch, ready, producer.generator, producer.sample_base)
             except BaseException:
                 self.close()
                 raise
-        elif ready is not None:
+        if tag is not None:
+            producer.counted._consumed = tag
+        if ready is not None and not isinstance(ready, _InLoop):
             consumer = torch.cuda.current_stream(self._owner.device)
             consumer.wait_event(ready)
             for t in tensors_of(batch):
