@@ -254,3 +254,26 @@ def test_another_devices_transform_draws_what_it_drew_in_the_prefetchers_thread(
         return draws, loop
 
     assert drawn("meta") == drawn("cpu")
+
+
+def test_another_devices_failing_transform_reaches_the_loop_and_stops_the_thread():
+    calls = []
+
+    def failing(batch):  # (a meta tensor has no values: the third call fails)
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("a bad batch")
+        return batch
+
+    loader = torch.utils.data.DataLoader(Images(), batch_size=BATCH, num_workers=1)
+    got = []
+    with pytest.raises(ValueError, match="a bad batch"):
+        for _, labels in torchfeed.DevicePrefetcher(loader, "meta", transform=failing):
+            got.append(labels.shape[0])
+    assert got == [BATCH, BATCH]
+    deadline = time.time() + 5
+    while time.time() < deadline and any(
+        t.name == "torchfeed-prefetch" for t in threading.enumerate()
+    ):
+        time.sleep(0.02)
+    assert not any(t.name == "torchfeed-prefetch" for t in threading.enumerate())
