@@ -4,6 +4,8 @@ test process."""
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -120,3 +122,32 @@ def written(batch):
     from torchfeed._tree import Lazy, map_tensors
 
     return map_tensors(batch, lambda leaf: leaf.make(), lambda x: isinstance(x, Lazy))
+
+
+class Drawing(torch.utils.data.Dataset):
+    """Each read draws from torch (an augmentation) and notes the thread it ran in."""
+
+    def __init__(self, n: int = 96, fail_at: int | None = None) -> None:
+        self.n, self.fail_at, self.threads = n, fail_at, set()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.threads.add(threading.current_thread().name)
+        if i == self.fail_at:
+            raise ValueError(f"sample {i} is corrupt")
+        return torch.tensor([float(i), torch.rand(()).item()])
+
+
+def prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "torchfeed-prefetch"]
+
+
+def wait_for_no_threads(timeout: float = 5.0) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        if not prefetch_threads():
+            return True
+        time.sleep(0.02)
+    return False

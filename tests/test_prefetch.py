@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -11,6 +10,8 @@ from torch.utils.data import DataLoader, Dataset
 
 import torchfeed
 from torchfeed import DevicePrefetcher, PinnedRing
+
+from helpers import wait_for_no_threads
 
 
 class Numbers(Dataset):
@@ -24,19 +25,6 @@ class Numbers(Dataset):
         if i == self.fail_at:
             raise ValueError(f"corrupt sample {i}")
         return {"x": torch.full((3, 4), float(i)), "i": i}
-
-
-def prefetch_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "torchfeed-prefetch"]
-
-
-def wait_for_no_threads(timeout: float = 5.0) -> bool:
-    end = time.time() + timeout
-    while time.time() < end:
-        if not prefetch_threads():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.mark.parametrize("use_ring", [False, True])

@@ -18,6 +18,8 @@ import torch
 import torchfeed
 from torchfeed.data import DistributedSampler, ShardedIterableDataset
 
+from helpers import Drawing
+
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
 N, BATCH = 48, 4
@@ -143,22 +145,6 @@ def test_a_bad_seed_is_refused():
         torchfeed.DevicePrefetcher([], "cpu", seed="1")
     with pytest.raises(TypeError, match="seed must be an int or None, got bool"):
         torchfeed.DevicePrefetcher([], "cpu", seed=True)
-
-
-class Drawing(torch.utils.data.Dataset):
-    """Each read draws from torch (an augmentation) and notes the thread it ran in."""
-
-    def __init__(self, n: int = 96, fail_at: int | None = None) -> None:
-        self.n, self.fail_at, self.threads = n, fail_at, set()
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        self.threads.add(threading.current_thread().name)
-        if i == self.fail_at:
-            raise ValueError(f"sample {i} is corrupt")
-        return torch.tensor([float(i), torch.rand(()).item()])
 
 
 def read_with_loop_draws(prefetch: bool, pause: float = 0.0):

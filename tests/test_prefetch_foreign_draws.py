@@ -18,6 +18,8 @@ from torchvision.transforms import v2
 import torchfeed
 from torchfeed._batch_rng import _random_functions, drawing_from
 
+from helpers import Drawing, wait_for_no_threads
+
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
 N, BATCH = 32, 4
@@ -156,24 +158,10 @@ def test_another_threads_draws_are_left_to_the_global_generator():
     assert torch.equal(got[0], expected)
 
 
-class Drawing(torch.utils.data.Dataset):
-    """Each read draws from torch (a per-sample augmentation) and notes its thread."""
-
-    def __init__(self):
-        self.threads = set()
-
-    def __len__(self):
-        return 64
-
-    def __getitem__(self, i):
-        self.threads.add(threading.current_thread().name)
-        return torch.tensor([float(i), torch.rand(()).item()])
-
-
 def test_a_plain_dataloader_without_workers_is_read_in_the_loops_thread():
     def read(pause):
         torch.manual_seed(0)
-        data = Drawing()
+        data = Drawing(n=64)
         batches, loop = [], []
         loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
         for batch in torchfeed.DevicePrefetcher(loader, "cpu"):
@@ -271,9 +259,4 @@ def test_another_devices_failing_transform_reaches_the_loop_and_stops_the_thread
         for _, labels in torchfeed.DevicePrefetcher(loader, "meta", transform=failing):
             got.append(labels.shape[0])
     assert got == [BATCH, BATCH]
-    deadline = time.time() + 5
-    while time.time() < deadline and any(
-        t.name == "torchfeed-prefetch" for t in threading.enumerate()
-    ):
-        time.sleep(0.02)
-    assert not any(t.name == "torchfeed-prefetch" for t in threading.enumerate())
+    assert wait_for_no_threads()
