@@ -515,3 +515,31 @@ def test_the_copy_check_never_fails_a_loader(copy_warning):
     assert copy_warning._copied_containers(data) == []
     loader = torchfeed.loader(data, batch_size=5, num_workers=2)
     assert [b.tolist() for b in loader] == [[0, 1, 2, 3, 4], [5, 6, 0, 1, 2]]
+
+
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_dataloaders_positional_arguments_are_taken_as_dataloader_takes_them(zero_copy):
+    """DataLoader(dataset, 4, True, ...) is a common spelling: torchfeed.loader took the dataset
+    alone by position, so swapping it in failed with Python's 'takes 1 positional argument'."""
+    torch.manual_seed(3)
+    named = list(torchfeed.loader(Noisy(10), zero_copy=zero_copy, batch_size=4, shuffle=True,
+                                  num_workers=1, collate_fn=torchfeed.DefaultCollate()))  # fmt: skip
+    torch.manual_seed(3)
+    ours = torchfeed.loader(Noisy(10), 4, True, None, None, 1, torchfeed.DefaultCollate(),
+                            zero_copy=zero_copy)  # fmt: skip
+    assert (ours.batch_size, ours.num_workers) == (4, 1)
+    got = list(ours)
+    assert [b[0].tolist() for b in got] == [b[0].tolist() for b in named]
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(got, named, strict=True))
+
+
+def test_too_many_or_twice_given_dataloader_arguments_are_refused():
+    too_many = (4,) * 13
+    with pytest.raises(TypeError, match=r"at most 12 positional arguments after the dataset "
+                                        r"\(batch_size, shuffle, .*generator\), got 13"):  # fmt: skip
+        torchfeed.loader(Noisy(4), *too_many)
+    for zero_copy in (False, True):
+        with pytest.raises(TypeError, match="multiple values for argument 'batch_size'"):
+            torchfeed.loader(Noisy(4), 4, batch_size=2, zero_copy=zero_copy)
+    with pytest.raises(TypeError, match="multiple values for argument 'shuffle'"):
+        torchfeed.ResumableLoader(Noisy(4), 4, True, shuffle=False)

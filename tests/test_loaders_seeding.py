@@ -7,6 +7,7 @@ left as they were."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -531,3 +532,61 @@ def test_the_loaders_generator_seeds_its_samples(workers):
     assert drawn_with_generator(2, 0, workers) == first
     other = drawn_with_generator(1, 5, workers)
     assert sorted(d for b in other for d in b) != sorted(d for b in first for d in b)
+
+
+class Endless(torch.utils.data.Sampler):
+    """A sampler of unknown length, as an infinite or streaming sampler is: len() raises."""
+
+    def __iter__(self):
+        return itertools.cycle(range(N))
+
+    def __len__(self):
+        raise TypeError("Endless has no length")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_without_a_length_is_not_asked_for_one(workers):
+    """The loader found the sampler's seed with `sampler or ...`, which calls len(): a sampler
+    whose len() raises (as a plain DataLoader accepts) failed at torchfeed.loader()."""
+
+    def make():
+        return torchfeed.loader(Augmented(), batch_size=4, sampler=Endless(),
+                                num_workers=workers, collate_fn=collate)  # fmt: skip
+
+    loader = make()
+    it = iter(loader)
+    assert [[i for i, _ in next(it)] for _ in range(10)][-1] == [36, 0, 1, 2]
+    state, after = loader.state_dict(), [next(it) for _ in range(2)]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert list(itertools.islice(resumed, 2)) == after
+
+
+class Seeded(torch.utils.data.Sampler):
+    """A sampler with a seed of its own, as DistributedSampler has."""
+
+    def __init__(self, indices, seed):
+        self.indices, self.seed = indices, seed
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+@pytest.mark.parametrize("given", ["by name", "by position", "empty"])
+def test_the_samples_seed_is_the_samplers_however_it_is_given(given):
+    """DataLoader(dataset, batch_size, shuffle, sampler, ...): a sampler given by position, and
+    an empty one (which `sampler or ...` passed over), seed the samples too."""
+    indices = [] if given == "empty" else [3, 4]
+    if given == "by position":
+        loader = torchfeed.loader(Augmented(), 2, None, Seeded(indices, 5), collate_fn=collate)
+    else:
+        loader = torchfeed.loader(Augmented(), batch_size=2, sampler=Seeded(indices, 5),
+                                  collate_fn=collate)  # fmt: skip
+    assert loader.dataset.seed == 5
+    if indices:
+        other = torchfeed.loader(Augmented(), batch_size=2, sampler=Seeded(indices, 6),
+                                 collate_fn=collate)  # fmt: skip
+        assert list(loader) != list(other)

@@ -5,6 +5,7 @@ in the epoch exactly once)."""
 from __future__ import annotations
 
 import copy
+import inspect
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -46,17 +47,40 @@ def worker_batches(
     return counts, w
 
 
-def _default_collation(args: tuple, kwargs: dict[str, Any]) -> bool:
-    """Whether a DataLoader given these arguments (after the dataset) would collate its batches
-    with ``default_collate``: no ``collate_fn``, and batches (a ``batch_size``, 1 by default, or
-    a ``batch_sampler``; without either it converts each sample with ``default_convert``)."""
-    if len(args) > 5 or kwargs.get("collate_fn") is not None:
-        # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
-        # collate_fn, ...): the caller's choice, even a positional None
+# DataLoader's arguments after the dataset that may be given by position (batch_size, shuffle,
+# sampler, batch_sampler, num_workers, collate_fn, ...), in order
+_POSITIONAL = [
+    p.name
+    for p in inspect.signature(DataLoader.__init__).parameters.values()
+    if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+][2:]
+
+
+def dataloader_keywords(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """DataLoader's arguments after the dataset, each by name: ``DataLoader(dataset, 64, True)``
+    as ``batch_size=64, shuffle=True``. Too many, or one given twice, raise as DataLoader
+    would."""
+    if len(args) > len(_POSITIONAL):
+        raise TypeError(
+            f"a DataLoader takes at most {len(_POSITIONAL)} positional arguments after the "
+            f"dataset ({', '.join(_POSITIONAL)}), got {len(args)}"
+        )
+    named = dict(kwargs)
+    for name, value in zip(_POSITIONAL, args, strict=False):
+        if name in named:
+            raise TypeError(f"a DataLoader got multiple values for argument {name!r}")
+        named[name] = value
+    return named
+
+
+def _default_collation(kwargs: dict[str, Any]) -> bool:
+    """Whether a DataLoader given these arguments (after the dataset, by name) would collate its
+    batches with ``default_collate``: no ``collate_fn``, and batches (a ``batch_size``, 1 by
+    default, or a ``batch_sampler``; without either it converts each sample with
+    ``default_convert``)."""
+    if kwargs.get("collate_fn") is not None:
         return False
-    batch_size = args[0] if args else kwargs.get("batch_size", 1)
-    batch_sampler = args[3] if len(args) > 3 else kwargs.get("batch_sampler")
-    return batch_size is not None or batch_sampler is not None
+    return kwargs.get("batch_size", 1) is not None or kwargs.get("batch_sampler") is not None
 
 
 class ResumableLoader(DataLoader):
@@ -102,6 +126,7 @@ class ResumableLoader(DataLoader):
     """
 
     def __init__(self, dataset: Any, *args: Any, seed_samples: bool | int = True, **kwargs: Any):
+        kwargs = dataloader_keywords(args, kwargs)
         if not isinstance(seed_samples, bool | int):
             raise TypeError(
                 f"seed_samples must be a bool or an int seed, got {type(seed_samples).__name__}"
@@ -112,15 +137,15 @@ class ResumableLoader(DataLoader):
             and hasattr(dataset, "__getitem__")
         ):
             if seed_samples is True:
-                sampler = kwargs.get("sampler") or getattr(
-                    kwargs.get("batch_sampler"), "sampler", None
-                )
+                sampler = kwargs.get("sampler")
+                if sampler is None:  # not `or`: that would call a sampler's len()
+                    sampler = getattr(kwargs.get("batch_sampler"), "sampler", None)
                 seed_samples = run_seed(sampler, kwargs.get("generator"))
             dataset = SeedPerSample(dataset, int(seed_samples))
-        if _default_collation(args, kwargs):
+        if _default_collation(kwargs):
             # default_collate's batches, written into memory each worker reuses
             kwargs["collate_fn"] = DefaultCollate()
-        super().__init__(dataset, *args, **kwargs)
+        super().__init__(dataset, **kwargs)
         self._epoch_index = 0  # this loader's epochs begun so far (the per-sample seeds' epoch)
         self._batches = 0  # yielded by the current epoch's iterator
         # read ahead by a DevicePrefetcher: the batches its loop has (None: no prefetcher), and

@@ -23,7 +23,7 @@ from typing import Any
 from torch.utils.data import Dataset, IterableDataset
 
 from torchfeed._extension import gpu_kernels_usable
-from torchfeed._resumable import ResumableLoader
+from torchfeed._resumable import ResumableLoader, dataloader_keywords
 from torchfeed._tree import tensors_of
 from torchfeed.collate import DefaultCollate
 from torchfeed.data._seeding import kept_generators
@@ -71,12 +71,13 @@ class ZeroCopyLoader(ResumableLoader):
     def __init__(
         self,
         dataset,
-        *,
-        collate_fn: Callable | None = None,
+        *args: Any,
         ring_capacity: int | None = None,
         ring_timeout: float | None = 30.0,
         **kwargs: Any,
     ) -> None:
+        kwargs = dataloader_keywords(args, kwargs)  # DataLoader(dataset, 64, ...) as it takes them
+        collate_fn: Callable | None = kwargs.pop("collate_fn", None)
         if collate_fn is None:
             collate_fn = DefaultCollate()
         if not hasattr(collate_fn, "with_shared_ring"):
@@ -250,10 +251,12 @@ class _Unpacking:
         return len(self._it)  # type: ignore[arg-type]
 
 
-def loader(dataset: Dataset, *, zero_copy: bool = False, **kwargs: Any) -> ResumableLoader:
+def loader(dataset: Dataset, *args: Any, zero_copy: bool = False, **kwargs: Any) -> ResumableLoader:
     """A DataLoader with mid-epoch checkpoints (:class:`ResumableLoader`: ``state_dict()`` /
     ``load_state_dict()``); with ``zero_copy=True`` its workers collate straight into a shared,
-    page-locked ring (:class:`ZeroCopyLoader`)."""
+    page-locked ring (:class:`ZeroCopyLoader`). It takes DataLoader's arguments as DataLoader
+    does, by name or by position (``torchfeed.loader(dataset, 64, True)``)."""
+    kwargs = dataloader_keywords(args, kwargs)
     if zero_copy:
         return ZeroCopyLoader(dataset, **kwargs)
     collate_fn = kwargs.get("collate_fn")

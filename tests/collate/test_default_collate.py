@@ -217,11 +217,16 @@ def test_loader_and_resumable_loader_use_it_when_given_no_collate_fn():
     assert all(recycled(b["image"]) for b in ours)
     # without batches, a DataLoader converts each sample: left as it is
     assert torchfeed.loader(Nested(), batch_size=None).collate_fn is default_convert
-    # a collate_fn the caller gave stays, by keyword or by position (even None)
+    # a collate_fn the caller gave stays, by keyword or by position; None, either way, is none
     assert torchfeed.loader(Nested(), batch_size=5, collate_fn=default_collate).collate_fn is (
         default_collate
     )
-    assert ResumableLoader(Nested(), 5, False, None, None, 0, None).collate_fn is default_collate
+    given = (5, False, None, None, 0, default_collate)
+    assert ResumableLoader(Nested(), *given).collate_fn is default_collate
+    assert torchfeed.loader(Nested(), *given).collate_fn is default_collate
+    for none in (dict(collate_fn=None), dict()):
+        assert isinstance(ResumableLoader(Nested(), *given[:5], **none).collate_fn, DefaultCollate)
+    assert isinstance(ResumableLoader(Nested(), *given[:5], None).collate_fn, DefaultCollate)
 
 
 def test_recycle_must_be_a_bool():
