@@ -5,10 +5,12 @@ consumed exactly once. (The torchrun runs over real ranks are in test_resume_tor
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 import torchfeed
 from torchfeed.data import (
@@ -543,3 +545,49 @@ def test_too_many_or_twice_given_dataloader_arguments_are_refused():
             torchfeed.loader(Noisy(4), 4, batch_size=2, zero_copy=zero_copy)
     with pytest.raises(TypeError, match="multiple values for argument 'shuffle'"):
         torchfeed.ResumableLoader(Noisy(4), 4, True, shuffle=False)
+
+
+needs_in_order = pytest.mark.skipif(
+    "in_order" not in inspect.signature(DataLoader).parameters,
+    reason="DataLoader(in_order=) is new in torch 2.6",
+)
+
+
+@needs_in_order
+def test_a_mid_epoch_checkpoint_of_batches_out_of_order_is_refused():
+    """in_order=False hands batches on as workers finish them: after 3 batches the counted
+    checkpoint resumed past a batch never consumed and read a consumed one again."""
+
+    def make():
+        return torchfeed.loader(Noisy(40), batch_size=4, num_workers=2, in_order=False,
+                                collate_fn=collate)  # fmt: skip
+
+    loader = make()
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    with pytest.raises(RuntimeError, match=r"in_order=False, so its 2 workers' batches arrive "
+                                           r".* after 3 of them .* in_order=True"):  # fmt: skip
+        loader.state_dict()
+    rest = list(it)
+    state = loader.state_dict()  # at the epoch's end: nothing of it left
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert list(resumed) == []
+    assert sorted(i for b in resumed for i, _ in b) == list(range(40))  # the next epoch, whole
+    assert len(rest) == 7
+
+
+@needs_in_order
+def test_one_worker_out_of_order_is_in_order_and_resumes():
+    def make():
+        return torchfeed.loader(Noisy(40), batch_size=4, num_workers=1, in_order=False,
+                                collate_fn=collate)  # fmt: skip
+
+    whole = list(make())
+    loader = make()
+    it = iter(loader)
+    first = [next(it) for _ in range(3)]
+    resumed = make()
+    resumed.load_state_dict(loader.state_dict())
+    assert first + list(resumed) == whole

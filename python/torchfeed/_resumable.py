@@ -160,7 +160,7 @@ class ResumableLoader(DataLoader):
         self._pending: dict[str, Any] | None = None
         self._skip_batches = 0  # of this epoch, consumed before a resume (a generic source)
         self._drop_batches = 0  # of those, to read again and drop (a generic IterableDataset)
-        self._started = False
+        self._started = self._read_all = False
         # an epoch's iterator is being made from a checkpoint's state, and its sampler
         self._priming = False
         self._primed: _Skipping | None = None
@@ -253,7 +253,7 @@ class ResumableLoader(DataLoader):
             except ValueError:  # streams of unknown length: state_dict() says so if asked
                 self._progress = None
         self._batches = self._skip_batches  # this epoch's, a checkpoint of a resumed one too
-        self._started = True
+        self._started, self._read_all = True, False
         warn_before_forking(self)
         if not isinstance(source, ShardedIterableDataset):
             it = self._make_iterator()
@@ -312,6 +312,7 @@ class ResumableLoader(DataLoader):
 
     def _epoch_done(self) -> None:
         self._skip_batches = self._drop_batches = 0
+        self._read_all = True
         for obj in (self._source(), self.dataset):
             done = getattr(obj, "resume_done", None)
             if done is not None:
@@ -321,6 +322,19 @@ class ResumableLoader(DataLoader):
         """Where the current epoch stands after the batches yielded so far."""
         batch_size = self.batch_size or 1
         batches = self._batches if self._consumed is None else self._consumed
+        if (
+            not getattr(self, "in_order", True)
+            and self.num_workers > 1
+            and batches > 0
+            and not (self._read_all and batches == self._batches)
+        ):
+            raise RuntimeError(
+                f"state_dict: this loader has in_order=False, so its {self.num_workers} workers' "
+                "batches arrive as each is finished, not in the sampler's order, and a checkpoint "
+                f"after {batches} of them cannot tell which were consumed (resumed, some samples "
+                "would be read twice and others never). Checkpoint mid-epoch with in_order=True "
+                "(the default), or at an epoch's end"
+            )
         state: dict[str, Any] = {
             "kind": _KIND,
             "version": _VERSION,
