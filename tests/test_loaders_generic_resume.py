@@ -230,3 +230,40 @@ def test_another_ranks_checkpoint_leaves_this_ranks_own_random_state(monkeypatch
         iter(dl)
         expected = own if rank == 1 else state["rng_at_checkpoint"]
         assert torch.equal(torch.get_rng_state(), expected)
+
+
+@pytest.mark.parametrize("kind", ["shuffle", "distributed", "stream", "positioned"])
+def test_a_checkpoint_taken_again_before_a_resumed_epochs_first_batch_is_the_one_loaded(kind):
+    """A job preempted again before its first step after a resume (or a trainer that saves as
+    it starts) saves the loader's state again: for a shuffled loader that state said the
+    epoch's start, and the next resume read the 3 consumed batches again."""
+
+    def make():
+        if kind == "shuffle":
+            return torchfeed.loader(list(range(61)), batch_size=7, shuffle=True,
+                                    num_workers=2, collate_fn=collate)  # fmt: skip
+        if kind == "distributed":
+            sampler = DistributedSampler(61, 1, 0, seed=5)
+            sampler.set_epoch(1)
+            return torchfeed.loader(list(range(61)), batch_size=7, sampler=sampler,
+                                    collate_fn=collate)  # fmt: skip
+        data = Stream(61) if kind == "stream" else Positioned(61)
+        return torchfeed.loader(data, batch_size=7, num_workers=2 if kind == "stream" else 0,
+                                collate_fn=collate)  # fmt: skip
+
+    full = run(make, ())
+    torch.manual_seed(3)
+    dl = make()
+    it = iter(dl)
+    head = [next(it) for _ in range(3)]
+    state = dl.state_dict()
+    del it
+    for _ in range(2):  # resumed and stopped before a batch, twice
+        torch.manual_seed(99)
+        dl = make()
+        dl.load_state_dict(state)
+        state = dl.state_dict()
+    torch.manual_seed(99)
+    dl = make()
+    dl.load_state_dict(state)
+    assert head + list(dl) == full

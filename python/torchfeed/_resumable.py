@@ -319,7 +319,11 @@ class ResumableLoader(DataLoader):
                 done()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the current epoch stands after the batches yielded so far."""
+        """Where the current epoch stands after the batches yielded so far; after
+        :meth:`load_state_dict`, until the next ``iter()``, the checkpoint loaded (nothing has
+        moved since)."""
+        if self._pending is not None:
+            return copy.deepcopy(self._pending)
         batch_size = self.batch_size or 1
         batches = self._batches if self._consumed is None else self._consumed
         if (
