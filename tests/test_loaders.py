@@ -570,11 +570,10 @@ def test_a_mid_epoch_checkpoint_of_batches_out_of_order_is_refused():
                                            r".* after 3 of them .* in_order=True"):  # fmt: skip
         loader.state_dict()
     rest = list(it)
-    state = loader.state_dict()  # at the epoch's end: nothing of it left
+    state = loader.state_dict()  # after the epoch's end: the next epoch, whole
     resumed = make()
     resumed.load_state_dict(state)
-    assert list(resumed) == []
-    assert sorted(i for b in resumed for i, _ in b) == list(range(40))  # the next epoch, whole
+    assert sorted(i for b in resumed for i, _ in b) == list(range(40))
     assert len(rest) == 7
 
 

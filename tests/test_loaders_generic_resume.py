@@ -267,3 +267,102 @@ def test_a_checkpoint_taken_again_before_a_resumed_epochs_first_batch_is_the_one
     dl = make()
     dl.load_state_dict(state)
     assert head + list(dl) == full
+
+
+def epochs_of(dl, n, sampler=None, start=0):
+    out = []
+    for e in range(start, start + n):
+        if sampler is not None:
+            sampler.set_epoch(e)
+        out.append(flat(dl))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["shuffle", "stream", "prefetched"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_checkpoint_after_the_loop_ended_resumes_with_the_next_epoch_whole(kind, workers):
+    """The loop most scripts run (PyTorch's ImageNet example, timm): save after the epoch's
+    `for`, resume with the next epoch. A loader without epochs of its own resumed that
+    checkpoint with the rest of the finished epoch, nothing: the next epoch was lost. Inside the
+    `for`, at the last batch, a checkpoint still resumes with that epoch's (empty) rest."""
+
+    def make():
+        data = Stream(30) if kind == "stream" else list(range(30))
+        dl = torchfeed.loader(data, batch_size=4, shuffle=kind != "stream",
+                              num_workers=workers, collate_fn=collate)  # fmt: skip
+        return torchfeed.DevicePrefetcher(dl, "cpu") if kind == "prefetched" else dl
+
+    def state(dl):
+        return (dl.loader if kind == "prefetched" else dl).state_dict()
+
+    def load(dl, s):
+        (dl.loader if kind == "prefetched" else dl).load_state_dict(s)
+
+    torch.manual_seed(0)
+    dl = make()
+    uninterrupted = epochs_of(dl, 4)
+    assert uninterrupted[2] != uninterrupted[1]
+
+    torch.manual_seed(0)
+    dl = make()
+    epochs_of(dl, 2)
+    after_loop = state(dl)
+    torch.manual_seed(7)  # another process: its own random state
+    dl = make()
+    load(dl, after_loop)
+    assert epochs_of(dl, 2) == uninterrupted[2:]
+
+    torch.manual_seed(0)
+    dl = make()
+    epochs_of(dl, 1)
+    batches = list(dl)  # the second epoch, whole: its iterator ended...
+    torch.manual_seed(0)
+    dl = make()
+    epochs_of(dl, 1)
+    it = iter(dl)
+    for _ in batches:  # ...and here its last batch is handed out, the `for` still running
+        next(it)
+    at_last_batch = state(dl)
+    del it
+    torch.manual_seed(7)
+    dl = make()
+    load(dl, at_last_batch)
+    assert flat(dl) == []
+    assert sorted(flat(dl)) == sorted(uninterrupted[2])
+
+
+def test_a_sampler_with_epochs_tells_the_rest_of_an_epoch_from_the_next():
+    """torch's DistributedSampler (fast-forwarded, same world only): after a checkpoint taken
+    after the loop, set_epoch(e + 1) reads epoch e + 1 whole, set_epoch(e) its (empty) rest;
+    a mid-epoch checkpoint resumed under another epoch reads that epoch whole."""
+    from torch.utils.data.distributed import DistributedSampler as TorchSampler
+
+    def make():
+        sampler = TorchSampler(list(range(30)), num_replicas=1, rank=0, seed=2)
+        return torchfeed.loader(list(range(30)), batch_size=4, sampler=sampler,
+                                collate_fn=collate), sampler  # fmt: skip
+
+    dl, sampler = make()
+    uninterrupted = epochs_of(dl, 3, sampler)
+    dl, sampler = make()
+    epochs_of(dl, 2, sampler)
+    after_loop = dl.state_dict()
+    dl, sampler = make()
+    dl.load_state_dict(after_loop)
+    assert epochs_of(dl, 1, sampler, start=2) == uninterrupted[2:]
+    dl, sampler = make()
+    dl.load_state_dict(after_loop)
+    assert epochs_of(dl, 2, sampler, start=1) == [[], uninterrupted[2]]
+
+    dl, sampler = make()
+    sampler.set_epoch(1)
+    it = iter(dl)
+    head = flat([next(it) for _ in range(3)])
+    mid = dl.state_dict()
+    del it
+    dl, sampler = make()
+    dl.load_state_dict(mid)
+    assert head + epochs_of(dl, 1, sampler, start=1)[0] == uninterrupted[1]
+    dl, sampler = make()
+    dl.load_state_dict(mid)
+    assert epochs_of(dl, 1, sampler, start=2) == uninterrupted[2:]

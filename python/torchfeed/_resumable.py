@@ -5,7 +5,6 @@ in the epoch exactly once)."""
 from __future__ import annotations
 
 import copy
-import inspect
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from torchfeed._forking import warn_before_forking
+from torchfeed._loader_args import dataloader_keywords, default_collation
 from torchfeed._loader_iterators import _Counting, _Dropping, _Skipping, index_sampler
 from torchfeed.collate import DefaultCollate
 from torchfeed.data._distributed import rank_and_world_size
@@ -45,42 +45,6 @@ def worker_batches(
             break
         w = (w + 1) % len(left)
     return counts, w
-
-
-# DataLoader's arguments after the dataset that may be given by position (batch_size, shuffle,
-# sampler, batch_sampler, num_workers, collate_fn, ...), in order
-_POSITIONAL = [
-    p.name
-    for p in inspect.signature(DataLoader.__init__).parameters.values()
-    if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
-][2:]
-
-
-def dataloader_keywords(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """DataLoader's arguments after the dataset, each by name: ``DataLoader(dataset, 64, True)``
-    as ``batch_size=64, shuffle=True``. Too many, or one given twice, raise as DataLoader
-    would."""
-    if len(args) > len(_POSITIONAL):
-        raise TypeError(
-            f"a DataLoader takes at most {len(_POSITIONAL)} positional arguments after the "
-            f"dataset ({', '.join(_POSITIONAL)}), got {len(args)}"
-        )
-    named = dict(kwargs)
-    for name, value in zip(_POSITIONAL, args, strict=False):
-        if name in named:
-            raise TypeError(f"a DataLoader got multiple values for argument {name!r}")
-        named[name] = value
-    return named
-
-
-def _default_collation(kwargs: dict[str, Any]) -> bool:
-    """Whether a DataLoader given these arguments (after the dataset, by name) would collate its
-    batches with ``default_collate``: no ``collate_fn``, and batches (a ``batch_size``, 1 by
-    default, or a ``batch_sampler``; without either it converts each sample with
-    ``default_convert``)."""
-    if kwargs.get("collate_fn") is not None:
-        return False
-    return kwargs.get("batch_size", 1) is not None or kwargs.get("batch_sampler") is not None
 
 
 class ResumableLoader(DataLoader):
@@ -142,7 +106,7 @@ class ResumableLoader(DataLoader):
                     sampler = getattr(kwargs.get("batch_sampler"), "sampler", None)
                 seed_samples = run_seed(sampler, kwargs.get("generator"))
             dataset = SeedPerSample(dataset, int(seed_samples))
-        if _default_collation(kwargs):
+        if default_collation(kwargs):
             # default_collate's batches, written into memory each worker reuses
             kwargs["collate_fn"] = DefaultCollate()
         super().__init__(dataset, **kwargs)
@@ -160,7 +124,8 @@ class ResumableLoader(DataLoader):
         self._pending: dict[str, Any] | None = None
         self._skip_batches = 0  # of this epoch, consumed before a resume (a generic source)
         self._drop_batches = 0  # of those, to read again and drop (a generic IterableDataset)
-        self._started = self._read_all = False
+        # an epoch begun; its iterator read to the end; that end reached by the training loop
+        self._started = self._read_all = self._ended = False
         # an epoch's iterator is being made from a checkpoint's state, and its sampler
         self._priming = False
         self._primed: _Skipping | None = None
@@ -200,6 +165,14 @@ class ResumableLoader(DataLoader):
         self._resumed_from = 0
         if pending is not None and "source" in pending:
             self._resumed_from = int(pending["batches"])
+        elif pending is not None and self._moves_on(pending):
+            self._skip_batches = self._drop_batches = 0
+            after = pending.get("rng_next")  # the random state the loop left that epoch with
+            if after is not None:
+                (self.generator.set_state if self.generator is not None else torch.set_rng_state)(
+                    after
+                )
+            return self._epoch_iterator({**pending, "epoch_index": pending["epoch_index"] + 1})
         if pending is None or pending.get("rng") is None:
             return self._epoch_iterator(pending)
         if self.generator is not None:
@@ -253,7 +226,7 @@ class ResumableLoader(DataLoader):
             except ValueError:  # streams of unknown length: state_dict() says so if asked
                 self._progress = None
         self._batches = self._skip_batches  # this epoch's, a checkpoint of a resumed one too
-        self._started, self._read_all = True, False
+        self._started, self._read_all, self._ended = True, False, False
         warn_before_forking(self)
         if not isinstance(source, ShardedIterableDataset):
             it = self._make_iterator()
@@ -302,17 +275,34 @@ class ResumableLoader(DataLoader):
             for k in [k for k in self._pulled if k < consumed]:
                 del self._pulled[k]  # (never the one a checkpoint would take now)
 
-    def _sample_epoch(self) -> int:
-        """The epoch the per-sample seeds use: the sampler's, else this loader's count."""
+    def _sampler_epoch(self) -> int | None:
+        """The sampler's own epoch (``set_epoch``), if it has one."""
         sampler = getattr(self.batch_sampler, "sampler", None)
         if sampler is None:
             sampler = self.sampler
         epoch = getattr(sampler, "epoch", None)
-        return epoch if isinstance(epoch, int) else self._epoch_index
+        return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+    def _sample_epoch(self) -> int:
+        """The epoch the per-sample seeds use: the sampler's, else this loader's count."""
+        epoch = self._sampler_epoch()
+        return self._epoch_index if epoch is None else epoch
+
+    def _moves_on(self, pending: dict[str, Any]) -> bool:
+        """Whether a fast-forwarded checkpoint's epoch is over for this ``iter()``, which then
+        reads the next epoch whole: the sampler was set to another epoch since it was taken
+        (its order is another), or, for a sampler without epochs, it was taken after the
+        training loop reached the epoch's end (a loop that saves after its ``for``)."""
+        epoch, then = self._sampler_epoch(), pending.get("sampler_epoch")
+        if epoch is not None and then is not None:
+            return epoch != then
+        return bool(pending.get("ended"))
 
     def _epoch_done(self) -> None:
         self._skip_batches = self._drop_batches = 0
         self._read_all = True
+        if self._consumed is None:  # (under a DevicePrefetcher: when it hands on that end)
+            self._ended = True
         for obj in (self._source(), self.dataset):
             done = getattr(obj, "resume_done", None)
             if done is not None:
@@ -375,6 +365,10 @@ class ResumableLoader(DataLoader):
             state["source"] = source.checkpoint(
                 world * workers, consumed, (rotation + next_worker) % workers
             )
+        else:  # fast-forwarded: what tells the next epoch from the rest of this one
+            state["sampler_epoch"] = self._sampler_epoch()
+            state["ended"] = self._ended
+            state["rng_next"] = self._rng_state() if self._ended else None
         if hasattr(self.dataset, "state_dict") and not isinstance(source, ShardedIterableDataset):
             if self._consumed is None or not self._own_position():
                 state["dataset"] = self.dataset.state_dict()
@@ -410,7 +404,8 @@ class ResumableLoader(DataLoader):
             source.load_state_dict(state["source"])
             self._skip_batches = 0
         else:  # a generic sampler or IterableDataset: fast-forward
-            self._check_generic(state)
+            if not state.get("ended"):  # (past an epoch's end, nothing is left to skip)
+                self._check_generic(state)
             self._skip_batches = state["batches"]
         load = getattr(self.dataset, "load_state_dict", None)
         own = "dataset" in state and load is not None

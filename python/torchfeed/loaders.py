@@ -23,7 +23,8 @@ from typing import Any
 from torch.utils.data import Dataset, IterableDataset
 
 from torchfeed._extension import gpu_kernels_usable
-from torchfeed._resumable import ResumableLoader, dataloader_keywords
+from torchfeed._loader_args import dataloader_keywords
+from torchfeed._resumable import ResumableLoader
 from torchfeed._tree import tensors_of
 from torchfeed.collate import DefaultCollate
 from torchfeed.data._seeding import kept_generators

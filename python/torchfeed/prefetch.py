@@ -399,6 +399,8 @@ class _PrefetchIterator:
                     ) from None
         if item is _END:
             self.close()
+            if producer.counted is not None:  # the loop has the loader's epoch to its end
+                producer.counted._ended = True
             raise StopIteration
         if isinstance(item, _Failure):
             self.close()
