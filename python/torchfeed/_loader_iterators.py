@@ -1,6 +1,7 @@
 """The iterators a ResumableLoader's epoch goes through: its sampler without the batches a
 resumed epoch consumed (``_Skipping``), its stream without them (``_Dropping``), and the count of
-the batches it yields, with what a checkpoint needs of them (``_Counting``)."""
+the batches it yields, with what a checkpoint needs of them (``_Counting``); and which worker
+made which of them (``worker_batches``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from torch.utils.data import IterableDataset
 
 from torchfeed.data._seeding import SeedPerSample, kept_generators
 
-__all__: list[str] = []
+__all__ = ["worker_batches"]
 
 _END = object()
 
@@ -146,3 +147,24 @@ class _Counting:
 
     def __len__(self) -> int:
         return len(self._it)  # type: ignore[arg-type]
+
+
+def worker_batches(
+    left: list[int], batch_size: int, drop_last: bool, batches: int
+) -> tuple[list[int], int]:
+    """How many of the first ``batches`` batches each worker made, and which worker makes the
+    next one: a DataLoader takes them round robin over the workers still running (worker w
+    holding ``left[w]`` samples), starting at worker 0."""
+    made = [n // batch_size if drop_last else -(-n // batch_size) for n in left]
+    counts = [0] * len(left)
+    w = 0
+    while batches > 0 and any(c < m for c, m in zip(counts, made, strict=True)):
+        if counts[w] < made[w]:
+            counts[w] += 1
+            batches -= 1
+        w = (w + 1) % len(left)
+    for _ in range(len(left)):  # the next worker with batches left
+        if counts[w] < made[w]:
+            break
+        w = (w + 1) % len(left)
+    return counts, w

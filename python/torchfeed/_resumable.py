@@ -14,37 +14,22 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from torchfeed._forking import warn_before_forking
 from torchfeed._loader_args import dataloader_keywords, default_collation
-from torchfeed._loader_iterators import _Counting, _Dropping, _Skipping, index_sampler
+from torchfeed._loader_iterators import (
+    _Counting,
+    _Dropping,
+    _Skipping,
+    index_sampler,
+    worker_batches,
+)
 from torchfeed.collate import DefaultCollate
 from torchfeed.data._distributed import rank_and_world_size
 from torchfeed.data._sampler import DistributedSampler
 from torchfeed.data._seeding import SeedPerSample, run_seed
 from torchfeed.data._sharding import ShardedIterableDataset
 
-__all__ = ["ResumableLoader", "worker_batches"]
+__all__ = ["ResumableLoader"]
 
 _KIND, _VERSION = "torchfeed.loader", 1
-
-
-def worker_batches(
-    left: list[int], batch_size: int, drop_last: bool, batches: int
-) -> tuple[list[int], int]:
-    """How many of the first ``batches`` batches each worker made, and which worker makes the
-    next one: a DataLoader takes them round robin over the workers still running (worker w
-    holding ``left[w]`` samples), starting at worker 0."""
-    made = [n // batch_size if drop_last else -(-n // batch_size) for n in left]
-    counts = [0] * len(left)
-    w = 0
-    while batches > 0 and any(c < m for c, m in zip(counts, made, strict=True)):
-        if counts[w] < made[w]:
-            counts[w] += 1
-            batches -= 1
-        w = (w + 1) % len(left)
-    for _ in range(len(left)):  # the next worker with batches left
-        if counts[w] < made[w]:
-            break
-        w = (w + 1) % len(left)
-    return counts, w
 
 
 class ResumableLoader(DataLoader):
@@ -126,6 +111,7 @@ class ResumableLoader(DataLoader):
         self._drop_batches = 0  # of those, to read again and drop (a generic IterableDataset)
         # an epoch begun; its iterator read to the end; that end reached by the training loop
         self._started = self._read_all = self._ended = False
+        self._epoch_reset = self._as_reset = False
         # an epoch's iterator is being made from a checkpoint's state, and its sampler
         self._priming = False
         self._primed: _Skipping | None = None
@@ -154,11 +140,26 @@ class ResumableLoader(DataLoader):
         return self.generator.get_state() if self.generator is not None else torch.get_rng_state()
 
     def _make_iterator(self) -> Iterator[Any]:
-        return super().__iter__()
+        # A new DataLoader iterator draws its workers' base seed and then the sampler's order
+        # from the generator; persistent workers' iterator, reset for a later epoch, only the
+        # order. A resumed epoch that was such a reset draws the base seed elsewhere, so that
+        # its order is the one the reset drew (and the fast-forward skips what was consumed).
+        reset = self.persistent_workers and self.num_workers > 0 and self._iterator is not None
+        self._epoch_reset = reset or self._as_reset
+        if reset or not self._as_reset:
+            return super().__iter__()
+        generator, aside = self.generator, torch.Generator()
+        aside.set_state(self._rng_state())
+        self.generator = aside
+        try:
+            return super().__iter__()
+        finally:
+            self.generator = generator
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._consumed, self._pulled = None, {}
         pending, self._pending = self._pending, None
+        self._as_reset = pending is not None and bool(pending.get("reset"))
         self._keys = deque() if getattr(self, "in_order", True) else None
         if pending is None:  # a fresh epoch, even after a resumed one left before its end
             self._skip_batches = self._drop_batches = 0
@@ -167,6 +168,7 @@ class ResumableLoader(DataLoader):
             self._resumed_from = int(pending["batches"])
         elif pending is not None and self._moves_on(pending):
             self._skip_batches = self._drop_batches = 0
+            self._as_reset = bool(pending.get("persistent"))  # (that loader's next epoch)
             after = pending.get("rng_next")  # the random state the loop left that epoch with
             if after is not None:
                 (self.generator.set_state if self.generator is not None else torch.set_rng_state)(
@@ -342,6 +344,9 @@ class ResumableLoader(DataLoader):
             "rng_at_checkpoint": torch.get_rng_state() if self.generator is None else None,
             "rank": rank_and_world_size()[0],  # whose state that is
             "epoch_index": self._epoch_index - 1 if self._started else self._epoch_index,
+            # this epoch's iterator: persistent workers' reset, or a new one
+            "reset": self._epoch_reset,
+            "persistent": bool(self.persistent_workers and self.num_workers > 0),
         }
         source = self._source()
         if isinstance(source, DistributedSampler):
