@@ -404,3 +404,37 @@ def test_a_later_epoch_of_persistent_workers_resumes_in_its_own_order(generator,
         assert head + rest[0] == uninterrupted[1]
         rest = rest[1:]
     assert rest == uninterrupted[2:]
+
+
+@pytest.mark.parametrize("kind", ["shuffle", "distributed", "elastic"])
+def test_len_of_a_resumed_loader_counts_the_batches_consumed_before_its_checkpoint(kind):
+    """Lightning restores its count of the epoch's batches and ends the epoch at len(loader),
+    which it reads once. A resumed loader's len() was what was left (7 of 10 batches), so the
+    resumed epoch ended 3 batches early, and so did every epoch after it."""
+
+    def make(world=1, rank=0):
+        if kind == "shuffle":
+            return torchfeed.loader(list(range(40)), batch_size=4, shuffle=True,
+                                    collate_fn=collate)  # fmt: skip
+        sampler = DistributedSampler(40, world, rank, seed=1)
+        sampler.set_epoch(0)
+        return torchfeed.loader(list(range(40)), batch_size=2, sampler=sampler,
+                                collate_fn=collate)  # fmt: skip
+
+    before = make(2 if kind == "elastic" else 1)
+    full = len(before)
+    it = iter(before)
+    for _ in range(3):
+        next(it)
+    state = before.state_dict()
+    del it
+    for rank in range(3 if kind == "elastic" else 1):
+        dl = make(3 if kind == "elastic" else 1, rank)
+        dl.load_state_dict(state)
+        expected = len(dl)  # (as Lightning reads it: after the load, before and after iter())
+        it = iter(dl)
+        assert len(dl) == expected
+        assert 3 + len(list(it)) == expected
+        if kind != "elastic":
+            assert expected == full
+        assert len(dl) == len(list(dl))  # the next epoch: whole, and its length

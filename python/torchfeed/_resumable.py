@@ -21,6 +21,7 @@ from torchfeed._loader_iterators import (
     index_sampler,
     worker_batches,
 )
+from torchfeed._resume_rules import check_generic, moves_on
 from torchfeed.collate import DefaultCollate
 from torchfeed.data._distributed import rank_and_world_size
 from torchfeed.data._sampler import DistributedSampler
@@ -136,6 +137,23 @@ class ResumableLoader(DataLoader):
     def _index_sampler(self) -> Any:
         return index_sampler(self, super()._index_sampler)
 
+    def __len__(self) -> int:
+        """The epoch's batches, those a resumed epoch had consumed before the checkpoint
+        included, as a training loop counts them (Lightning restores its count of the epoch's
+        batches and ends the epoch at len(loader))."""
+        return super().__len__() + self._consumed_before_resume()
+
+    def _consumed_before_resume(self) -> int:
+        """Batches of the current epoch that the checkpoint it resumes had consumed (its
+        sampler yields the rest)."""
+        source = self._source()
+        if isinstance(source, DistributedSampler):
+            if not source.resuming():
+                return 0
+            pending = self._pending
+            return int(pending["batches"]) if pending is not None else self._resumed_from
+        return 0 if isinstance(self.dataset, IterableDataset) else self._skip_batches
+
     def _rng_state(self) -> torch.Tensor:
         return self.generator.get_state() if self.generator is not None else torch.get_rng_state()
 
@@ -166,7 +184,7 @@ class ResumableLoader(DataLoader):
         self._resumed_from = 0
         if pending is not None and "source" in pending:
             self._resumed_from = int(pending["batches"])
-        elif pending is not None and self._moves_on(pending):
+        elif pending is not None and moves_on(self, pending):
             self._skip_batches = self._drop_batches = 0
             self._as_reset = bool(pending.get("persistent"))  # (that loader's next epoch)
             after = pending.get("rng_next")  # the random state the loop left that epoch with
@@ -290,16 +308,6 @@ class ResumableLoader(DataLoader):
         epoch = self._sampler_epoch()
         return self._epoch_index if epoch is None else epoch
 
-    def _moves_on(self, pending: dict[str, Any]) -> bool:
-        """Whether a fast-forwarded checkpoint's epoch is over for this ``iter()``, which then
-        reads the next epoch whole: the sampler was set to another epoch since it was taken
-        (its order is another), or, for a sampler without epochs, it was taken after the
-        training loop reached the epoch's end (a loop that saves after its ``for``)."""
-        epoch, then = self._sampler_epoch(), pending.get("sampler_epoch")
-        if epoch is not None and then is not None:
-            return epoch != then
-        return bool(pending.get("ended"))
-
     def _epoch_done(self) -> None:
         self._skip_batches = self._drop_batches = 0
         self._read_all = True
@@ -410,7 +418,7 @@ class ResumableLoader(DataLoader):
             self._skip_batches = 0
         else:  # a generic sampler or IterableDataset: fast-forward
             if not state.get("ended"):  # (past an epoch's end, nothing is left to skip)
-                self._check_generic(state)
+                check_generic(self, state)
             self._skip_batches = state["batches"]
         load = getattr(self.dataset, "load_state_dict", None)
         own = "dataset" in state and load is not None
@@ -421,27 +429,3 @@ class ResumableLoader(DataLoader):
             # any other is read again from the start and its consumed batches dropped
             self._drop_batches = 0 if own and self.num_workers == 0 else self._skip_batches
         self._pending = state
-
-    def _check_generic(self, state: dict[str, Any]) -> None:
-        """A generic source is fast-forwarded: the same batches in the same order only on the
-        same world size (and, for an IterableDataset, the same workers, which deal its stream)."""
-        world = rank_and_world_size()[1]
-        if state.get("world", world) != world:
-            raise ValueError(
-                f"load_state_dict: the checkpoint was taken on a world size of {state['world']}, "
-                f"this run has {world}: a {self._generic_name()} resumes on the same world size "
-                "only (torchfeed.data.DistributedSampler, or ShardedIterableDataset, resume on "
-                "another)"
-            )
-        if isinstance(self.dataset, IterableDataset) and state["num_workers"] != self.num_workers:
-            raise ValueError(
-                f"load_state_dict: the checkpoint's num_workers {state['num_workers']} differs "
-                f"from this loader's {self.num_workers}: an IterableDataset's stream is dealt "
-                "over the workers, so it resumes with the same num_workers only "
-                "(torchfeed.data.ShardedIterableDataset resumes on any)"
-            )
-
-    def _generic_name(self) -> str:
-        if isinstance(self.dataset, IterableDataset):
-            return f"{type(self.dataset).__name__} (an IterableDataset)"
-        return f"loader with a {type(self.sampler).__name__}"

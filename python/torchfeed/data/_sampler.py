@@ -179,6 +179,10 @@ class DistributedSampler(Sampler[int]):
         self._resume = {**state, "history": [list(h) for h in state["history"]]}
         self.epoch = state["epoch"]
 
+    def resuming(self) -> bool:
+        """Whether the current epoch continues a loaded checkpoint (its indices: the rest)."""
+        return self._current() is not None
+
     def resume_done(self) -> None:
         """Forgets the checkpoint being resumed (the loader calls it when that epoch ends)."""
         self._resume = None

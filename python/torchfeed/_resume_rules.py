@@ -1,0 +1,50 @@
+"""What a fast-forwarded checkpoint (a generic sampler or IterableDataset) resumes: on which
+world size and workers it may, and whether the next ``iter()`` reads the rest of its epoch or the
+next epoch whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import IterableDataset
+
+from torchfeed.data._distributed import rank_and_world_size
+
+__all__ = ["check_generic", "moves_on"]
+
+
+def moves_on(loader: Any, pending: dict[str, Any]) -> bool:
+    """Whether a fast-forwarded checkpoint's epoch is over for the loader's next ``iter()``,
+    which then reads the next epoch whole: the sampler was set to another epoch since it was
+    taken (its order is another), or, for a sampler without epochs, it was taken after the
+    training loop reached the epoch's end (a loop that saves after its ``for``)."""
+    epoch, then = loader._sampler_epoch(), pending.get("sampler_epoch")
+    if epoch is not None and then is not None:
+        return epoch != then
+    return bool(pending.get("ended"))
+
+
+def check_generic(loader: Any, state: dict[str, Any]) -> None:
+    """A generic source is fast-forwarded: the same batches in the same order only on the same
+    world size (and, for an IterableDataset, the same workers, which deal its stream)."""
+    world = rank_and_world_size()[1]
+    if state.get("world", world) != world:
+        raise ValueError(
+            f"load_state_dict: the checkpoint was taken on a world size of {state['world']}, "
+            f"this run has {world}: a {_generic_name(loader)} resumes on the same world size "
+            "only (torchfeed.data.DistributedSampler, or ShardedIterableDataset, resume on "
+            "another)"
+        )
+    if isinstance(loader.dataset, IterableDataset) and state["num_workers"] != loader.num_workers:
+        raise ValueError(
+            f"load_state_dict: the checkpoint's num_workers {state['num_workers']} differs "
+            f"from this loader's {loader.num_workers}: an IterableDataset's stream is dealt "
+            "over the workers, so it resumes with the same num_workers only "
+            "(torchfeed.data.ShardedIterableDataset resumes on any)"
+        )
+
+
+def _generic_name(loader: Any) -> str:
+    if isinstance(loader.dataset, IterableDataset):
+        return f"{type(loader.dataset).__name__} (an IterableDataset)"
+    return f"loader with a {type(loader.sampler).__name__}"
