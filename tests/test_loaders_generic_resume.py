@@ -331,6 +331,15 @@ def test_a_checkpoint_after_the_loop_ended_resumes_with_the_next_epoch_whole(kin
     assert sorted(flat(dl)) == sorted(uninterrupted[2])
 
 
+def checkpoint_in_epoch(make, epoch, batches):
+    """The first ``batches`` of ``epoch`` of a new (loader, sampler), and a checkpoint then."""
+    dl, sampler = make()
+    sampler.set_epoch(epoch)
+    it = iter(dl)
+    head = flat([next(it) for _ in range(batches)])
+    return head, dl.state_dict()
+
+
 def test_a_sampler_with_epochs_tells_the_rest_of_an_epoch_from_the_next():
     """torch's DistributedSampler (fast-forwarded, same world only): after a checkpoint taken
     after the loop, set_epoch(e + 1) reads epoch e + 1 whole, set_epoch(e) its (empty) rest;
@@ -354,12 +363,7 @@ def test_a_sampler_with_epochs_tells_the_rest_of_an_epoch_from_the_next():
     dl.load_state_dict(after_loop)
     assert epochs_of(dl, 2, sampler, start=1) == [[], uninterrupted[2]]
 
-    dl, sampler = make()
-    sampler.set_epoch(1)
-    it = iter(dl)
-    head = flat([next(it) for _ in range(3)])
-    mid = dl.state_dict()
-    del it
+    head, mid = checkpoint_in_epoch(make, 1, 3)
     dl, sampler = make()
     dl.load_state_dict(mid)
     assert head + epochs_of(dl, 1, sampler, start=1)[0] == uninterrupted[1]
@@ -438,3 +442,27 @@ def test_len_of_a_resumed_loader_counts_the_batches_consumed_before_its_checkpoi
         if kind != "elastic":
             assert expected == full
         assert len(dl) == len(list(dl))  # the next epoch: whole, and its length
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_samplers_epoch_is_restored_with_its_position(workers):
+    """Lightning loads the loader's state and makes the resumed iterator before it calls
+    set_epoch: a sampler with epochs (torch's DistributedSampler, which Lightning puts in under
+    DDP) was still at epoch 0 then, so the fast-forward skipped batches of epoch 0's order
+    (under Lightning 2.6 with 2 ranks, 13 batches a rank instead of 15 over 3 epochs)."""
+    from torch.utils.data.distributed import DistributedSampler as TorchSampler
+
+    def make():
+        sampler = TorchSampler(list(range(40)), num_replicas=1, rank=0, seed=3)
+        return torchfeed.loader(list(range(40)), batch_size=4, sampler=sampler, collate_fn=collate,
+                                num_workers=workers, persistent_workers=workers > 0), sampler  # fmt: skip
+
+    dl, sampler = make()
+    uninterrupted = epochs_of(dl, 2, sampler)
+    head, state = checkpoint_in_epoch(make, 1, 2)
+    dl, sampler = make()
+    dl.load_state_dict(state)
+    assert sampler.epoch == 1
+    it = iter(dl)  # as Lightning does: iter() first...
+    sampler.set_epoch(1)  # ...then the epoch
+    assert head + flat(it) == uninterrupted[1]

@@ -295,12 +295,13 @@ class ResumableLoader(DataLoader):
             for k in [k for k in self._pulled if k < consumed]:
                 del self._pulled[k]  # (never the one a checkpoint would take now)
 
+    def _epoch_sampler(self) -> Any:
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        return self.sampler if sampler is None else sampler
+
     def _sampler_epoch(self) -> int | None:
         """The sampler's own epoch (``set_epoch``), if it has one."""
-        sampler = getattr(self.batch_sampler, "sampler", None)
-        if sampler is None:
-            sampler = self.sampler
-        epoch = getattr(sampler, "epoch", None)
+        epoch = getattr(self._epoch_sampler(), "epoch", None)
         return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
 
     def _sample_epoch(self) -> int:
@@ -420,6 +421,11 @@ class ResumableLoader(DataLoader):
             if not state.get("ended"):  # (past an epoch's end, nothing is left to skip)
                 check_generic(self, state)
             self._skip_batches = state["batches"]
+            # the sampler's epoch is part of the position (Lightning sets the epoch only after
+            # the resumed iter(), and a sampler set to another since reads that one whole)
+            set_epoch = getattr(self._epoch_sampler(), "set_epoch", None)
+            if state.get("sampler_epoch") is not None and callable(set_epoch):
+                set_epoch(state["sampler_epoch"])
         load = getattr(self.dataset, "load_state_dict", None)
         own = "dataset" in state and load is not None
         if load is not None and "dataset" in state:
