@@ -222,14 +222,20 @@ def test_another_ranks_checkpoint_leaves_this_ranks_own_random_state(monkeypatch
     state = dl.state_dict()
     del it
     for rank in (1, 0):
-        monkeypatch.setenv("RANK", str(rank))
-        torch.manual_seed(100 + rank)  # this rank's own
-        own = torch.get_rng_state()
-        dl = make()
-        dl.load_state_dict(state)
-        iter(dl)
-        expected = own if rank == 1 else state["rng_at_checkpoint"]
-        assert torch.equal(torch.get_rng_state(), expected)
+        own, after = resumed_on(monkeypatch, rank, make, state)
+        assert torch.equal(after, own if rank == 1 else state["rng_at_checkpoint"])
+
+
+def resumed_on(monkeypatch, rank, make, state):
+    """torch's random state on ``rank`` (its own: seeded 100 + rank), and that state once a
+    loader resumed from ``state`` has made its iterator there."""
+    monkeypatch.setenv("RANK", str(rank))
+    torch.manual_seed(100 + rank)
+    own = torch.get_rng_state()
+    dl = make()
+    dl.load_state_dict(state)
+    iter(dl)
+    return own, torch.get_rng_state()
 
 
 @pytest.mark.parametrize("kind", ["shuffle", "distributed", "stream", "positioned"])
@@ -466,3 +472,29 @@ def test_a_samplers_epoch_is_restored_with_its_position(workers):
     it = iter(dl)  # as Lightning does: iter() first...
     sampler.set_epoch(1)  # ...then the epoch
     assert head + flat(it) == uninterrupted[1]
+
+
+def test_after_the_loop_another_ranks_checkpoint_leaves_this_ranks_own_random_state(
+    monkeypatch,
+):
+    """The next epoch, resumed from a checkpoint taken after the loop, draws its order from the
+    state the loop left on the checkpointing rank; another rank keeps its own."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def make():
+        return torchfeed.loader(list(range(32)), batch_size=4, shuffle=True)
+
+    def after_iter(state):  # torch's state once a fresh loader's iterator is made from `state`
+        torch.set_rng_state(state)
+        iter(make())
+        return torch.get_rng_state()
+
+    monkeypatch.setenv("RANK", "0")
+    torch.manual_seed(0)
+    dl = make()
+    list(dl)
+    state = dl.state_dict()
+    assert state["ended"]
+    for rank in (1, 0):
+        own, after = resumed_on(monkeypatch, rank, make, state)
+        assert torch.equal(after, after_iter(own if rank == 1 else state["rng_next"]))

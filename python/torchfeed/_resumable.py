@@ -187,11 +187,13 @@ class ResumableLoader(DataLoader):
         elif pending is not None and moves_on(self, pending):
             self._skip_batches = self._drop_batches = 0
             self._as_reset = bool(pending.get("persistent"))  # (that loader's next epoch)
-            after = pending.get("rng_next")  # the random state the loop left that epoch with
-            if after is not None:
-                (self.generator.set_state if self.generator is not None else torch.set_rng_state)(
-                    after
-                )
+            # the random state the loop left that epoch with (torch's: the checkpointing rank's
+            # only, as below; a loader's own generator: any rank's)
+            after = pending.get("rng_next")
+            if self.generator is not None and after is not None:
+                self.generator.set_state(after)
+            elif after is not None and pending.get("rank", 0) == rank_and_world_size()[0]:
+                torch.set_rng_state(after)
             return self._epoch_iterator({**pending, "epoch_index": pending["epoch_index"] + 1})
         if pending is None or pending.get("rng") is None:
             return self._epoch_iterator(pending)
