@@ -124,9 +124,7 @@ class ResumableLoader(DataLoader):
     def _source(self) -> DistributedSampler | ShardedIterableDataset | None:
         if isinstance(self.dataset, ShardedIterableDataset):
             return self.dataset
-        sampler = getattr(self.batch_sampler, "sampler", None)
-        if sampler is None:  # (not `or`: a sampler's truth value is its len())
-            sampler = self.sampler
+        sampler = self._epoch_sampler()
         return sampler if isinstance(sampler, DistributedSampler) else None
 
     def _consumers(self) -> tuple[int, int, int]:
@@ -298,7 +296,9 @@ class ResumableLoader(DataLoader):
                 del self._pulled[k]  # (never the one a checkpoint would take now)
 
     def _epoch_sampler(self) -> Any:
+        """The sampler under the batch sampler, else the loader's."""
         sampler = getattr(self.batch_sampler, "sampler", None)
+        # (not `or`: a sampler's truth value is its len())
         return self.sampler if sampler is None else sampler
 
     def _sampler_epoch(self) -> int | None:
