@@ -138,8 +138,14 @@ class ResumableLoader(DataLoader):
     def __len__(self) -> int:
         """The epoch's batches, those a resumed epoch had consumed before the checkpoint
         included, as a training loop counts them (Lightning restores its count of the epoch's
-        batches and ends the epoch at len(loader))."""
-        return super().__len__() + self._consumed_before_resume()
+        batches and ends the epoch at len(loader)). Lightning reads it once, so on fewer ranks
+        than the checkpoint's, where that is less than a fresh epoch, it is the fresh epoch's."""
+        n = super().__len__() + self._consumed_before_resume()
+        source, size = self._source(), self.batch_size
+        if isinstance(source, DistributedSampler) and source.resuming() and size:
+            share = source.num_samples
+            n = max(n, share // size if self.drop_last else -(-share // size))
+        return n
 
     def _consumed_before_resume(self) -> int:
         """Batches of the current epoch that the checkpoint it resumes had consumed (its

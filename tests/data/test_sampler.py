@@ -16,16 +16,24 @@ from torchfeed.data import (
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_the_sampler_draws_what_torchs_draws(drop_last, shuffle):
+    """Its indices and attributes are torch's, and it is an instance of torch's: PyTorch
+    Lightning under DDP (and Ignite) keep a loader's sampler only when it is one, and otherwise
+    shard the rank's share again (2 ranks read half of every epoch)."""
+    dataset = range(23)
     for world in (1, 2, 3):
         for rank in range(world):
-            ours = DistributedSampler(range(23), world, rank, shuffle, 5, drop_last)
+            ours = DistributedSampler(dataset, world, rank, shuffle, 5, drop_last)
             theirs = torch.utils.data.DistributedSampler(
-                range(23), world, rank, shuffle, 5, drop_last
+                dataset, world, rank, shuffle, 5, drop_last
             )
+            assert isinstance(ours, torch.utils.data.DistributedSampler)
             for epoch in (0, 3):
                 ours.set_epoch(epoch)
                 theirs.set_epoch(epoch)
                 assert list(ours) == list(theirs) and len(ours) == len(theirs)
+                for name in ("dataset", "num_replicas", "rank", "epoch", "drop_last",
+                             "num_samples", "total_size", "shuffle", "seed"):  # fmt: skip
+                    assert getattr(ours, name) == getattr(theirs, name), name
 
 
 def test_the_sampler_checks_its_arguments():

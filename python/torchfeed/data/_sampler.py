@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sized
 from typing import Any, Literal
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 from torchfeed.data._distributed import rank_and_world_size
 from torchfeed.data._plan import EpochPlan
@@ -14,10 +14,15 @@ from torchfeed.data._plan import EpochPlan
 __all__ = ["DistributedSampler"]
 
 
-class DistributedSampler(Sampler[int]):
+class DistributedSampler(TorchDistributedSampler[int]):
     """``torch.utils.data.DistributedSampler``'s semantics (the same indices for the same seed,
     epoch, rank and world size: a permutation from ``seed + epoch``, padded by repeating, or with
     ``drop_last`` cut, to equal shares, rank r taking every world-th), plus checkpoints.
+
+    It is a subclass of torch's, so that a trainer which shards a loader whose sampler is not
+    one (PyTorch Lightning under DDP, Ignite) keeps it as it is, instead of sharding its rank's
+    share again (half of every epoch lost on 2 ranks). ``num_samples`` and ``total_size`` are
+    torch's: a fresh epoch's share of one rank, and of all.
 
     ``num_replicas`` and ``rank`` default to torch.distributed's, else torchrun's RANK and
     WORLD_SIZE. Call :meth:`set_epoch` at the start of each epoch.
@@ -58,6 +63,8 @@ class DistributedSampler(Sampler[int]):
             raise ValueError(f"rank must be an int in [0, {world}), got {rank!r}")
         if n < 1:
             raise ValueError("the dataset is empty: there is nothing to sample")
+        # torch's __init__ is not called: it requires torch.distributed for the defaults above
+        self.dataset = dataset  # type: ignore[assignment]  # torch's attribute; an int here too
         self.length = n
         self.num_replicas = world
         self.rank = rank
@@ -70,6 +77,14 @@ class DistributedSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
+
+    @property
+    def num_samples(self) -> int:  # type: ignore[override]  # torch's, computed
+        return self._fresh_share()
+
+    @property
+    def total_size(self) -> int:  # type: ignore[override]
+        return self._fresh_share() * self.num_replicas
 
     def _order(self) -> list[int]:
         if not self.shuffle:
