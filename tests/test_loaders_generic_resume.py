@@ -507,3 +507,54 @@ def test_after_the_loop_another_ranks_checkpoint_leaves_this_ranks_own_random_st
     for rank in (1, 0):
         own, after = resumed_on(monkeypatch, rank, make, state)
         assert torch.equal(after, after_iter(own if rank == 1 else state["rng_next"]))
+
+
+class _Drawn(torch.utils.data.Dataset):
+    """Sample i and a draw of its own (torchfeed.loader seeds it from (seed, epoch, i))."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i), torch.rand(()).item()])
+
+
+@pytest.mark.parametrize("sampler_kind", ["torch", "torchfeed"])
+@pytest.mark.parametrize("loader", ["0 workers", "2 workers", "persistent", "zero copy"])
+def test_an_epoch_set_after_iter_is_the_epoch_read(sampler_kind, loader):
+    """A DataLoader with workers takes its first indices from the sampler at iter(): an epoch
+    set between iter() and the first batch (as Lightning 2.5.3-2.6 does when it resumes from a
+    checkpoint at an epoch's end, Lightning-AI/pytorch-lightning#21938) left that epoch with the
+    earlier epoch's order and draws (under Lightning, 2 ranks resumed after epoch 1 read epoch
+    0's again in epoch 2). The iterator is made again at the first batch, from the random state
+    the epoch started from: the order and the draws are the set epoch's, and the loop's own
+    draws are as if nothing had been made again."""
+    from torch.utils.data.distributed import DistributedSampler as TorchSampler
+
+    def make():
+        kind = TorchSampler if sampler_kind == "torch" else DistributedSampler
+        sampler = kind(_Drawn(), num_replicas=1, rank=0, seed=3)
+        workers = 0 if loader == "0 workers" else 2
+        build = torchfeed.ZeroCopyLoader if loader == "zero copy" else torchfeed.loader
+        dl = build(_Drawn(), batch_size=4, sampler=sampler, num_workers=workers,
+                   persistent_workers=loader == "persistent")  # fmt: skip
+        return dl, sampler
+
+    def run(set_before):
+        torch.manual_seed(0)
+        dl, sampler = make()
+        list(dl)  # epoch 0 (a persistent loader's iterator is reset, not made, for the next)
+        if set_before:
+            sampler.set_epoch(2)
+        it = iter(dl)
+        sampler.set_epoch(2)
+        mid = torch.rand(3)  # the loop's draws between iter() and the first batch
+        batches = torch.cat([b.clone() for b in it])
+        return batches, mid, torch.rand(3), list(dl)  # and the next epoch (2 again) alike
+
+    expected, mid, after, again = run(True)
+    got, got_mid, got_after, got_again = run(False)
+    assert torch.equal(got, expected)
+    assert sorted(got[:, 0].tolist()) == list(range(24))
+    assert torch.equal(got_mid, mid) and torch.equal(got_after, after)
+    assert all(torch.equal(a, b) for a, b in zip(got_again, again, strict=True))

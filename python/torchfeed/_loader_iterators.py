@@ -124,11 +124,20 @@ class _Counting:
         self._loader, self._it = loader, it
         self._keep = keep_generators is not False
         self._seeded = keep_generators if isinstance(keep_generators, SeedPerSample) else None
+        self._first = True
 
     def __iter__(self) -> _Counting:
         return self
 
     def __next__(self) -> Any:
+        if self._first:  # set_epoch since iter() (not under a DevicePrefetcher: its thread
+            # reads the first batch at once, and torch's state is the loop thread's too)
+            self._first = False
+            made, now = self._loader._made_epoch, self._loader._sampler_epoch()
+            if made is not None and now not in (None, made) and self._loader._consumed is None:
+                self._it = iter(())  # the old iterator goes (its workers stop) before the new
+                remade = self._loader._remade()
+                self._it, self._keep, self._seeded = remade._it, remade._keep, remade._seeded
         with kept_generators(self._keep):
             if self._seeded is not None:
                 self._seeded.__dict__["_loop_kept"] = True

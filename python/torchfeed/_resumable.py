@@ -21,7 +21,7 @@ from torchfeed._loader_iterators import (
     index_sampler,
     worker_batches,
 )
-from torchfeed._resume_rules import check_generic, moves_on
+from torchfeed._resume_rules import check_generic, moves_on, resumed_length
 from torchfeed.collate import DefaultCollate
 from torchfeed.data._distributed import rank_and_world_size
 from torchfeed.data._sampler import DistributedSampler
@@ -106,6 +106,7 @@ class ResumableLoader(DataLoader):
         # stream's own state skips (_batches then counts from 0): the epoch's count is the sum
         self._resumed_from = 0
         self._rng: torch.Tensor | None = None  # the random state the epoch started from
+        self._made_epoch: int | None = None  # the sampler's epoch when that iterator was made
         self._progress: tuple[list[int], list[int]] | None = None
         self._pending: dict[str, Any] | None = None
         self._skip_batches = 0  # of this epoch, consumed before a resume (a generic source)
@@ -138,25 +139,10 @@ class ResumableLoader(DataLoader):
     def __len__(self) -> int:
         """The epoch's batches, those a resumed epoch had consumed before the checkpoint
         included, as a training loop counts them (Lightning restores its count of the epoch's
-        batches and ends the epoch at len(loader)). Lightning reads it once, so on fewer ranks
-        than the checkpoint's, where that is less than a fresh epoch, it is the fresh epoch's."""
-        n = super().__len__() + self._consumed_before_resume()
-        source, size = self._source(), self.batch_size
-        if isinstance(source, DistributedSampler) and source.resuming() and size:
-            share = source.num_samples
-            n = max(n, share // size if self.drop_last else -(-share // size))
-        return n
-
-    def _consumed_before_resume(self) -> int:
-        """Batches of the current epoch that the checkpoint it resumes had consumed (its
-        sampler yields the rest)."""
+        batches and ends the epoch at len(loader), which it reads once)."""
         source = self._source()
-        if isinstance(source, DistributedSampler):
-            if not source.resuming():
-                return 0
-            pending = self._pending
-            return int(pending["batches"]) if pending is not None else self._resumed_from
-        return 0 if isinstance(self.dataset, IterableDataset) else self._skip_batches
+        ours = source if isinstance(source, DistributedSampler) else None
+        return resumed_length(self, super().__len__(), ours)
 
     def _rng_state(self) -> torch.Tensor:
         return self.generator.get_state() if self.generator is not None else torch.get_rng_state()
@@ -236,7 +222,7 @@ class ResumableLoader(DataLoader):
                 torch.set_rng_state(then)
 
     def _epoch_iterator(self, pending: dict[str, Any] | None) -> Iterator[Any]:
-        self._rng = self._rng_state()
+        self._rng, self._made_epoch = self._rng_state(), self._sampler_epoch()
         if pending is not None:
             self._epoch_index = int(pending.get("epoch_index", self._epoch_index))
         if isinstance(self.dataset, SeedPerSample):
@@ -273,6 +259,23 @@ class ResumableLoader(DataLoader):
             return _Counting(self, self._make_iterator(), keep_generators=keep)
         finally:
             source._per_fetch = None
+
+    def _remade(self) -> _Counting:
+        """The iterator iter() would make now, from the random state the epoch started from (the
+        loop's is left): a DataLoader with workers takes its first indices at iter(), and
+        Lightning 2.5.3-2.6 sets the epoch after that when it resumes at an epoch's end, so
+        every rank read epoch 0 again (Lightning-AI/pytorch-lightning#21938)."""
+        now, then = self._rng_state(), self._rng
+        assert then is not None  # (set with the iterator)
+        put = torch.set_rng_state if self.generator is None else self.generator.set_state
+        put(then)
+        self._epoch_index -= 1
+        try:
+            remade = self.__iter__()
+        finally:
+            put(now)
+        assert isinstance(remade, _Counting)
+        return remade
 
     def _track_consumption(self) -> None:
         """For a DevicePrefetcher, right after it made this epoch's iterator: a checkpoint then

@@ -10,7 +10,28 @@ from torch.utils.data import IterableDataset
 
 from torchfeed.data._distributed import rank_and_world_size
 
-__all__ = ["check_generic", "moves_on"]
+__all__ = ["check_generic", "moves_on", "resumed_length"]
+
+
+def resumed_length(loader: Any, rest: int, sampler: Any) -> int:
+    """``len()`` of a loader whose epoch's sampler yields ``rest`` batches: plus the batches a
+    resumed epoch had consumed before its checkpoint (``sampler``, the loader's torchfeed
+    DistributedSampler if it has one: the checkpoint's count; another sampler: the fast-forward's
+    skip; an IterableDataset: none, its ``len()`` is the dataset's). Resumed on fewer ranks
+    than the checkpoint's, where that is less than a fresh epoch on this world size, it is the
+    fresh epoch's: Lightning reads ``len()`` once, and would end every later epoch that much
+    early."""
+    if sampler is None:
+        skipped = 0 if isinstance(loader.dataset, IterableDataset) else loader._skip_batches
+        return rest + skipped
+    if not sampler.resuming():
+        return rest
+    pending = loader._pending
+    n = rest + (int(pending["batches"]) if pending is not None else loader._resumed_from)
+    size, share = loader.batch_size, sampler.num_samples
+    if size:
+        n = max(n, share // size if loader.drop_last else -(-share // size))
+    return n
 
 
 def moves_on(loader: Any, pending: dict[str, Any]) -> bool:
