@@ -558,3 +558,38 @@ def test_an_epoch_set_after_iter_is_the_epoch_read(sampler_kind, loader):
     assert sorted(got[:, 0].tolist()) == list(range(24))
     assert torch.equal(got_mid, mid) and torch.equal(got_after, after)
     assert all(torch.equal(a, b) for a, b in zip(got_again, again, strict=True))
+
+
+@pytest.mark.parametrize("source", ["global", "own"])
+@pytest.mark.parametrize("where", ["mid-epoch", "after the loop"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_drawing_from_another_generator_resumes_in_its_order(source, where, workers):
+    """A fast-forward replays the epoch's order from the random state it started from. A
+    sampler that draws elsewhere than the loader (a WeightedRandomSampler draws from torch's
+    global generator while PyTorch's reproducibility recipe gives the loader a generator=,
+    which only seeds its workers; or from a generator of its own) was resumed over another
+    order: some samples were read twice and others never."""
+    from torch.utils.data import WeightedRandomSampler
+
+    def make():
+        own = torch.Generator().manual_seed(9) if source == "own" else None
+        sampler = WeightedRandomSampler([1.0] * 40, 40, replacement=True, generator=own)
+        given = torch.Generator().manual_seed(3) if source == "global" else None
+        return torchfeed.loader(list(range(40)), batch_size=4, sampler=sampler, generator=given,
+                                num_workers=workers, collate_fn=collate)  # fmt: skip
+
+    torch.manual_seed(0)
+    uninterrupted = epochs_of(make(), 3)
+    assert uninterrupted[1] != uninterrupted[2]
+    torch.manual_seed(0)
+    dl = make()
+    head = flat(dl)  # epoch 0
+    if where == "mid-epoch":
+        it = iter(dl)
+        head += [x for _ in range(3) for x in next(it)]
+        del it
+    state = dl.state_dict()
+    torch.manual_seed(7)  # another process
+    dl = make()
+    dl.load_state_dict(state)
+    assert head + flat(dl) + flat(dl) == [x for e in uninterrupted for x in e]

@@ -6,14 +6,22 @@ made which of them (``worker_batches``)."""
 from __future__ import annotations
 
 import itertools
+import operator
 import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import (
+    BatchSampler,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
 
-from torchfeed.data._seeding import SeedPerSample, kept_generators
+from torchfeed.data._distributed import rank_and_world_size
+from torchfeed.data._seeding import Occurrence, SeedPerSample, kept_generators
 
 __all__ = ["worker_batches"]
 
@@ -39,7 +47,8 @@ class _Skipping:
     def __iter__(self) -> Iterator[Any]:
         loader = self._loader()
         keys = None if loader is None else loader._keys  # (not `and`: a loader's truth is len())
-        self.last = _SkippingIterator(self.base, self.skip, keys)
+        tags = None if loader is None else _Occurrences.of(loader)
+        self.last = _SkippingIterator(self.base, self.skip, keys, tags)
         return self.last
 
     def __len__(self) -> int:
@@ -51,15 +60,17 @@ class _SkippingIterator:
     batch, as the sampler alone would be read (a shuffle draws its order then), or when the
     loader says (:meth:`prime`), while the random state the epoch started from is set."""
 
-    def __init__(self, base: Any, skip: int, keys: deque | None) -> None:
-        self._base, self._skip, self._keys = base, skip, keys
+    def __init__(self, base: Any, skip: int, keys: deque | None, tags: _Occurrences | None) -> None:
+        self._base, self._skip, self._keys, self._tags = base, skip, keys, tags
         self._it: Iterator[Any] | None = None
 
     def prime(self) -> None:
         if self._it is None:
             it = iter(self._base)
             for _ in range(self._skip):
-                next(it, None)
+                skipped = next(it, None)
+                if self._tags is not None and skipped is not None:  # (counted all the same)
+                    self._tags(skipped)
             first = next(it, _END)
             self._it = it if first is _END else itertools.chain((first,), it)
 
@@ -70,9 +81,56 @@ class _SkippingIterator:
         self.prime()
         assert self._it is not None
         indices = next(self._it)
+        tags = self._tags
+        tagged = indices if tags is None else tags(indices)
         if self._keys is not None:  # for the batch the loader yields in this turn
-            self._keys.append(indices)
-        return indices
+            self._keys.append(tagged)
+        return tagged if tags is not None and tags.passed else indices
+
+
+class _Occurrences:
+    """Tells apart the reads of an index a sampler yields more than once in an epoch on this
+    rank (its count before), or that another rank may read too (the rank): such a read is an
+    :class:`Occurrence` whose part is ``count * world + rank``, so that its per-sample draws
+    are its own, as under a DataLoader (where oversampled samples, under WeightedRandomSampler,
+    got one augmentation for all their reads); a first read on rank 0 stays a plain index. Not
+    for samplers that deal every index once (sequential, a shuffle without replacement, a
+    DistributedSampler's shares), whose indices stay plain and unchanged."""
+
+    def __init__(self, rank: int, world: int, passed: bool) -> None:
+        self._seen: dict[int, int] = {}
+        self._rank, self._world = rank, world
+        self.passed = passed  # to the dataset (a SeedPerSample), else for the keys only
+
+    @classmethod
+    def of(cls, loader: Any) -> _Occurrences | None:
+        sampler, batches = loader._epoch_sampler(), loader.batch_sampler
+        once = type(sampler) in (SequentialSampler, DistributedSampler) or (
+            type(sampler) is RandomSampler
+            and not sampler.replacement
+            and sampler.num_samples <= len(sampler.data_source)
+        )
+        if (once or sampler is loader._source()) and type(batches) in (BatchSampler, type(None)):
+            return None
+        rank, world = rank_and_world_size()
+        return cls(rank, world, isinstance(loader.dataset, SeedPerSample))
+
+    def __call__(self, indices: Any) -> Any:
+        if not isinstance(indices, list):
+            return self([indices])[0]  # (batch_size=None: one index)
+        seen, world, rank, get = self._seen, self._world, self._rank, self._seen.get
+        out = []
+        for index in indices:
+            try:
+                key = operator.index(index)
+            except TypeError:  # (keys of the dataset's own that are not indices)
+                out.append(index)
+                continue
+            count = get(key, 0)
+            seen[key] = count + 1
+            part = count * world + rank
+            out.append(Occurrence(key, part) if part else index)
+        return out
 
 
 def index_sampler(loader: Any, base: Any) -> Any:
@@ -138,6 +196,11 @@ class _Counting:
                 self._it = iter(())  # the old iterator goes (its workers stop) before the new
                 remade = self._loader._remade()
                 self._it, self._keep, self._seeded = remade._it, remade._keep, remade._seeded
+            # the sampler draws its order now, outside the states set back after the batch (a
+            # WeightedRandomSampler drawing from torch's: else every epoch had the same order)
+            prime = getattr(getattr(self._it, "_sampler_iter", None), "prime", None)
+            if self._keep and prime is not None:
+                prime()
         with kept_generators(self._keep):
             if self._seeded is not None:
                 self._seeded.__dict__["_loop_kept"] = True

@@ -19,9 +19,15 @@ from torchfeed._loader_iterators import (
     _Dropping,
     _Skipping,
     index_sampler,
-    worker_batches,
 )
-from torchfeed._resume_rules import check_generic, moves_on, resumed_length
+from torchfeed._resume_rules import (
+    check_generic,
+    moves_on,
+    other_generators,
+    resumed_length,
+    set_other_generators,
+    sharded_checkpoint,
+)
 from torchfeed.collate import DefaultCollate
 from torchfeed.data._distributed import rank_and_world_size
 from torchfeed.data._sampler import DistributedSampler
@@ -107,6 +113,7 @@ class ResumableLoader(DataLoader):
         self._resumed_from = 0
         self._rng: torch.Tensor | None = None  # the random state the epoch started from
         self._made_epoch: int | None = None  # the sampler's epoch when that iterator was made
+        self._rng_more: dict[str, torch.Tensor] = {}  # and other generators' states then
         self._progress: tuple[list[int], list[int]] | None = None
         self._pending: dict[str, Any] | None = None
         self._skip_batches = 0  # of this epoch, consumed before a resume (a generic source)
@@ -179,17 +186,23 @@ class ResumableLoader(DataLoader):
             self._as_reset = bool(pending.get("persistent"))  # (that loader's next epoch)
             # the random state the loop left that epoch with (torch's: the checkpointing rank's
             # only, as below; a loader's own generator: any rank's)
-            after = pending.get("rng_next")
+            after, own = pending.get("rng_next"), pending.get("rank", 0) == rank_and_world_size()[0]
+            set_other_generators(self, pending.get("rng_more_next") or {})
             if self.generator is not None and after is not None:
                 self.generator.set_state(after)
-            elif after is not None and pending.get("rank", 0) == rank_and_world_size()[0]:
+                after = pending.get("rng_at_checkpoint")  # torch's (the sampler may draw there)
+            if after is not None and own:
                 torch.set_rng_state(after)
             return self._epoch_iterator({**pending, "epoch_index": pending["epoch_index"] + 1})
         if pending is None or pending.get("rng") is None:
             return self._epoch_iterator(pending)
+        more, start = pending.get("rng_more") or {}, pending["rng"]
+        set_other_generators(self, more)
         if self.generator is not None:
             self.generator.set_state(pending["rng"])
-            return self._epoch_iterator(pending)
+            start = more.get("global")
+            if start is None:  # (a checkpoint of an earlier version)
+                return self._epoch_iterator(pending)
         # The epoch's draws (the sampler's order, the workers' base seed) come from the random
         # state it started from; then torch's is set to what it was when the checkpoint was
         # taken: the training loop draws on as it did uninterrupted (and so does the next
@@ -208,7 +221,7 @@ class ResumableLoader(DataLoader):
             source = self._source()
             if not (isinstance(source, ShardedIterableDataset) and source.seed_samples):
                 then = None
-        torch.set_rng_state(pending["rng"])
+        torch.set_rng_state(start)
         self._priming = True
         try:
             it = self._epoch_iterator(pending)
@@ -223,6 +236,7 @@ class ResumableLoader(DataLoader):
 
     def _epoch_iterator(self, pending: dict[str, Any] | None) -> Iterator[Any]:
         self._rng, self._made_epoch = self._rng_state(), self._sampler_epoch()
+        self._rng_more = other_generators(self)
         if pending is not None:
             self._epoch_index = int(pending.get("epoch_index", self._epoch_index))
         if isinstance(self.dataset, SeedPerSample):
@@ -360,8 +374,9 @@ class ResumableLoader(DataLoader):
             "num_workers": self.num_workers,
             "world": rank_and_world_size()[1],
             "rng": self._rng,
-            # torch's global state now, unless the loader draws from a generator of its own
-            "rng_at_checkpoint": torch.get_rng_state() if self.generator is None else None,
+            # torch's global state (with a loader's generator=) and the sampler's own generator
+            "rng_more": self._rng_more,
+            "rng_at_checkpoint": torch.get_rng_state(),  # torch's global state now
             "rank": rank_and_world_size()[0],  # whose state that is
             "epoch_index": self._epoch_index - 1 if self._started else self._epoch_index,
             # this epoch's iterator: persistent workers' reset, or a new one
@@ -374,26 +389,12 @@ class ResumableLoader(DataLoader):
             consumed = [b + min(n, batches * batch_size) for b, n in zip(base, left, strict=True)]
             state["source"] = source.checkpoint(consumed)
         elif isinstance(source, ShardedIterableDataset):
-            _, world, workers = self._consumers()
-            base, left = self._progress or source.progress(world * workers)
-            rotation = source.rotation(world * workers)
-            consumed = list(base)
-            for r in range(world):  # ranks advance in lockstep: every rank yielded as many
-                # worker w reads consumer rank * workers + (w + rotation) % workers
-                ids = [r * workers + (w + rotation) % workers for w in range(workers)]
-                made, next_worker = worker_batches(
-                    [left[c] for c in ids], batch_size, self.drop_last, batches
-                )
-                for w, c in enumerate(ids):
-                    consumed[c] = base[c] + min(left[c], made[w] * batch_size)
-            # resumed, the loader's first worker must read the consumer whose batch is next
-            state["source"] = source.checkpoint(
-                world * workers, consumed, (rotation + next_worker) % workers
-            )
+            state["source"] = sharded_checkpoint(self, source, batches)
         else:  # fast-forwarded: what tells the next epoch from the rest of this one
             state["sampler_epoch"] = self._sampler_epoch()
             state["ended"] = self._ended
             state["rng_next"] = self._rng_state() if self._ended else None
+            state["rng_more_next"] = other_generators(self) if self._ended else None
         if hasattr(self.dataset, "state_dict") and not isinstance(source, ShardedIterableDataset):
             if self._consumed is None or not self._own_position():
                 state["dataset"] = self.dataset.state_dict()

@@ -6,11 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.utils.data import IterableDataset
 
+from torchfeed._loader_iterators import worker_batches
 from torchfeed.data._distributed import rank_and_world_size
 
-__all__ = ["check_generic", "moves_on", "resumed_length"]
+__all__ = [
+    "check_generic",
+    "moves_on",
+    "other_generators",
+    "resumed_length",
+    "set_other_generators",
+    "sharded_checkpoint",
+]
 
 
 def resumed_length(loader: Any, rest: int, sampler: Any) -> int:
@@ -69,3 +78,44 @@ def _generic_name(loader: Any) -> str:
     if isinstance(loader.dataset, IterableDataset):
         return f"{type(loader.dataset).__name__} (an IterableDataset)"
     return f"loader with a {type(loader.sampler).__name__}"
+
+
+def sharded_checkpoint(loader: Any, source: Any, batches: int) -> dict[str, Any]:
+    """A ShardedIterableDataset's checkpoint after the epoch's first ``batches`` batches: what
+    each consumer (rank x worker) had read. Ranks advance in lockstep (every rank yielded as
+    many), and worker w reads consumer ``rank * workers + (w + rotation) % workers``."""
+    _, world, workers = loader._consumers()
+    size = loader.batch_size or 1
+    base, left = loader._progress or source.progress(world * workers)
+    rotation = source.rotation(world * workers)
+    consumed = list(base)
+    for r in range(world):
+        ids = [r * workers + (w + rotation) % workers for w in range(workers)]
+        made, next_worker = worker_batches([left[c] for c in ids], size, loader.drop_last, batches)
+        for w, c in enumerate(ids):
+            consumed[c] = base[c] + min(left[c], made[w] * size)
+    # resumed, the loader's first worker must read the consumer whose batch is next
+    return source.checkpoint(world * workers, consumed, (rotation + next_worker) % workers)
+
+
+def other_generators(loader: Any) -> dict[str, torch.Tensor]:
+    """The states, now, of the generators a sampler may draw its order from besides the one a
+    fast-forward replays (the loader's ``generator=``, else torch's global one): torch's global
+    one when the loader has a generator (a WeightedRandomSampler draws there, and the loader's
+    generator only seeds its workers), and a generator of the sampler's own. Without them a
+    resumed epoch was fast-forwarded over another order (samples read twice, others never)."""
+    states = {}
+    if loader.generator is not None:
+        states["global"] = torch.get_rng_state()
+    own = getattr(loader._epoch_sampler(), "generator", None)
+    if isinstance(own, torch.Generator) and own is not loader.generator:
+        states["sampler"] = own.get_state()
+    return states
+
+
+def set_other_generators(loader: Any, states: dict[str, torch.Tensor]) -> None:
+    """The sampler's own generator set back to ``states`` (torch's global one is set by the
+    loader, with the rest of its resume)."""
+    own = getattr(loader._epoch_sampler(), "generator", None)
+    if "sampler" in states and isinstance(own, torch.Generator) and own is not loader.generator:
+        own.set_state(states["sampler"])

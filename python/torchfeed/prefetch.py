@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import queue
 import threading
 import warnings
@@ -15,7 +14,7 @@ from torch import Tensor
 from torchfeed._batch_rng import drawing_from
 from torchfeed._tree import map_tensors, tensors_of
 from torchfeed.data._distributed import rank_and_world_size
-from torchfeed.data._seeding import SeedPerSample, derive_seed, run_seed
+from torchfeed.data._seeding import SeedPerSample, derive_seed, run_seed, sample_key
 from torchfeed.data._sharding import ShardedIterableDataset
 from torchfeed.memory._pinned_ring import PinnedRing
 
@@ -290,7 +289,7 @@ class _Producer:
         """The dataset indices of the batch the loader just yielded, if it knows them."""
         keys = None if self.counted is None else self.counted._batch_keys
         try:
-            return None if keys is None else [operator.index(k) for k in _listed(keys)]
+            return None if keys is None else [sample_key(k) for k in _listed(keys)]
         except TypeError:  # (keys a dataset of the user's own takes that are not indices)
             return None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import pickle
 import random
 from collections.abc import Callable, Iterator
@@ -19,7 +20,15 @@ from torch.utils.data import Dataset, Subset, get_worker_info
 
 from torchfeed.data._distributed import rank_and_world_size
 
-__all__ = ["SeedPerSample", "WorkerSeeder", "derive_seed", "seed_sample", "seed_worker"]
+__all__ = [
+    "Occurrence",
+    "SeedPerSample",
+    "WorkerSeeder",
+    "derive_seed",
+    "sample_key",
+    "seed_sample",
+    "seed_worker",
+]
 
 _MASK = (1 << 64) - 1
 
@@ -179,11 +188,38 @@ def _read_drawing_nothing(
 
 def seed_sample(seed: int, epoch: int, index: int, sample: int = 0) -> None:
     """Seeds torch's CPU generator, numpy's global generator and ``random`` for one sample from
-    what it is (the seed, the epoch, its index and its place within it), not from where it is
-    read: its augmentation is then the same whichever rank or worker reads it, before or after a
+    what it is (the seed, the epoch, its index and which of its reads in the epoch: ``sample``,
+    0 for a first read, a repeated one's :class:`Occurrence` part), not from where it is read:
+    its augmentation is then the same whichever rank or worker reads it, before or after a
     resume. (torch's CPU generator only, as torch.manual_seed also seeds every GPU, which costs
     hundreds of microseconds; a Dataset draws on the host.)"""
     _seed_generators(derive_seed(seed, epoch, index, sample))
+
+
+class Occurrence(int):
+    """A dataset index the sampler yields again in an epoch (``WeightedRandomSampler`` with
+    replacement, repeated augmentation), or on another rank, with its read's place among that
+    index's reads (``part``, :func:`seed_sample`'s ``sample``): each read draws anew, as under a
+    DataLoader. torchfeed.loader gives them to a :class:`SeedPerSample`, which reads the plain
+    index; an index read once is a plain int (part 0)."""
+
+    part: int
+
+    def __new__(cls, index: int, part: int) -> Occurrence:
+        self = super().__new__(cls, index)
+        self.part = part
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Occurrence, (int(self), self.part)
+
+
+def sample_key(index: Any) -> int:
+    """The key a sample's own draws are made from: its index, or for a repeated read, a 63-bit
+    key of (index, part)."""
+    if isinstance(index, Occurrence):
+        return derive_seed(int(index), index.part) >> 1
+    return operator.index(index)
 
 
 # What a SeedPerSample learns in a process, never pickled: its epoch's view and mixed prefix,
@@ -240,7 +276,9 @@ class SeedPerSample(Dataset):
         prefix = self.__dict__.get("_prefix")
         if prefix is None or prefix[0] != epoch:
             prefix = self.__dict__["_prefix"] = (epoch, _mix(_mix(_START, self.seed), epoch))
-        return [_mix(_mix(prefix[1], int(i)), 0) for i in indices]
+        return [
+            _mix(_mix(prefix[1], int(i)), i.part if type(i) is Occurrence else 0) for i in indices
+        ]
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in _PER_PROCESS}
@@ -255,11 +293,13 @@ class SeedPerSample(Dataset):
         return get_worker_info() is not None or bool(self.__dict__.get("_loop_kept"))
 
     def __getitem__(self, index: int) -> Any:
+        seed = self._sample_seed(index)
+        index = int(index) if type(index) is Occurrence else index
         if self._in_worker():
-            _seed_generators(self._sample_seed(int(index)))
+            _seed_generators(seed)
             return self.dataset[index]
         with kept_generators():
-            _seed_generators(self._sample_seed(int(index)))
+            _seed_generators(seed)
             return self.dataset[index]
 
     def __getitems__(self, indices: Any) -> list[Any]:
@@ -287,6 +327,8 @@ class SeedPerSample(Dataset):
         if len(indices) == 0:  # (or an array, or a tensor: kept for a batched read of its own)
             return []
         seeds = self._sample_seeds(indices)
+        if isinstance(indices, list) and any(type(i) is Occurrence for i in indices):
+            indices = [int(i) for i in indices]  # (the dataset reads the plain index)
         # the main process's own draws stay undisturbed
         with kept_generators(not self._in_worker()) as saved:
             batch = None
