@@ -593,3 +593,39 @@ def test_a_sampler_drawing_from_another_generator_resumes_in_its_order(source, w
     dl = make()
     dl.load_state_dict(state)
     assert head + flat(dl) + flat(dl) == [x for e in uninterrupted for x in e]
+
+
+@pytest.mark.parametrize("sampler", ["shuffle", "weighted"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_draw_between_iter_and_the_first_batch_leaves_the_resumed_order(sampler, workers):
+    """Without workers the DataLoader's sampler drew its order at the first batch, from
+    whatever state the loop had left by then, while the checkpoint replays the state at iter():
+    a loop that drew in between (Lightning's hooks and sanity check run there) resumed over
+    another order, reading some samples twice and others never. The order is drawn at iter()
+    now, as a DataLoader's workers take their first indices then."""
+    from torch.utils.data import WeightedRandomSampler
+
+    def make():
+        kw = {"shuffle": True}
+        if sampler == "weighted":
+            kw = {"sampler": WeightedRandomSampler([1.0] * 40, 40, replacement=True)}
+        return torchfeed.loader(list(range(40)), batch_size=4, num_workers=workers,
+                                collate_fn=collate, **kw)  # fmt: skip
+
+    def started():
+        torch.manual_seed(0)
+        dl = make()
+        it = iter(dl)
+        torch.rand(5)  # the loop's draws before its first batch
+        return dl, it
+
+    _, it = started()
+    uninterrupted = flat(it)
+    dl, it = started()
+    head = [x for _ in range(3) for x in next(it)]
+    state = dl.state_dict()
+    del it
+    torch.manual_seed(7)
+    dl = make()
+    dl.load_state_dict(state)
+    assert head + flat(dl) == uninterrupted

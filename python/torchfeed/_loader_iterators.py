@@ -196,11 +196,6 @@ class _Counting:
                 self._it = iter(())  # the old iterator goes (its workers stop) before the new
                 remade = self._loader._remade()
                 self._it, self._keep, self._seeded = remade._it, remade._keep, remade._seeded
-            # the sampler draws its order now, outside the states set back after the batch (a
-            # WeightedRandomSampler drawing from torch's: else every epoch had the same order)
-            prime = getattr(getattr(self._it, "_sampler_iter", None), "prime", None)
-            if self._keep and prime is not None:
-                prime()
         with kept_generators(self._keep):
             if self._seeded is not None:
                 self._seeded.__dict__["_loop_kept"] = True

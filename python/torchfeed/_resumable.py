@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -256,6 +256,9 @@ class ResumableLoader(DataLoader):
         warn_before_forking(self)
         if not isinstance(source, ShardedIterableDataset):
             it = self._make_iterator()
+            prime = getattr(getattr(it, "_sampler_iter", None), "prime", None)
+            if self.num_workers == 0 and prime is not None:  # the order drawn now, as workers do
+                prime()  # (not from a state the loop moved, nor set back after the first batch)
             drop, self._drop_batches = self._drop_batches, 0
             it = _Dropping(it, drop) if drop else it
             if self.num_workers == 0 and isinstance(self.dataset, SeedPerSample):
@@ -275,12 +278,9 @@ class ResumableLoader(DataLoader):
             source._per_fetch = None
 
     def _remade(self) -> _Counting:
-        """The iterator iter() would make now, from the random state the epoch started from (the
-        loop's is left): a DataLoader with workers takes its first indices at iter(), and
-        Lightning 2.5.3-2.6 sets the epoch after that when it resumes at an epoch's end, so
-        every rank read epoch 0 again (Lightning-AI/pytorch-lightning#21938)."""
-        now, then = self._rng_state(), self._rng
-        assert then is not None  # (set with the iterator)
+        """The iterator iter() would make now, from the epoch's starting random state (the
+        loop's is left): Lightning 2.5.3-2.6 sets the epoch after iter() (its #21938)."""
+        now, then = self._rng_state(), cast(torch.Tensor, self._rng)  # (set with the iterator)
         put = torch.set_rng_state if self.generator is None else self.generator.set_state
         put(then)
         self._epoch_index -= 1
