@@ -167,3 +167,30 @@ def test_the_prefetchers_per_image_draws_differ_between_reads_of_a_sample():
     for i, box in reads:
         first.setdefault(i, box)
     assert all(once[i] == box for i, box in first.items())
+
+
+@pytest.mark.parametrize("world, rank", [(1, 0), (3, 2)])
+def test_reads_are_counted_as_a_plain_count_would_count_them(world, rank):
+    """The counts (vectorized over a batch, repeats within one batch included) against a dict
+    counted read by read; indices outside the dataset and keys that are not indices too."""
+    from torchfeed._loader_iterators import _Occurrences
+    from torchfeed.data._seeding import Occurrence
+
+    counter = _Occurrences(rank, world, True, 30)
+    seen: dict = {}
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 30, (int(n),), generator=g).tolist()
+               for n in torch.randint(1, 20, (40,), generator=g)]  # fmt: skip
+    batches += [[5, -1, 100, 5, -1], ["a", 5, "a"], [7]]
+    for batch in batches:
+        got = counter(batch)
+        for index, out in zip(batch, got, strict=True):
+            if isinstance(index, str):
+                assert out == index
+                continue
+            part = seen.get(index, 0) * world + rank
+            seen[index] = seen.get(index, 0) + 1
+            assert out == index and type(out) is (Occurrence if part else int)
+            assert getattr(out, "part", 0) == part
+    one = _Occurrences(rank, world, True, 30)  # batch_size=None: one index at a time
+    assert [getattr(one(3), "part", 0) for _ in range(3)] == [rank, world + rank, 2 * world + rank]

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from torch.utils.data import (
     BatchSampler,
     DistributedSampler,
@@ -95,10 +96,13 @@ class _Occurrences:
     are its own, as under a DataLoader (where oversampled samples, under WeightedRandomSampler,
     got one augmentation for all their reads); a first read on rank 0 stays a plain index. Not
     for samplers that deal every index once (sequential, a shuffle without replacement, a
-    DistributedSampler's shares), whose indices stay plain and unchanged."""
+    DistributedSampler's shares), whose indices stay plain and unchanged. The counts are an
+    int32 array over the dataset (half what a WeightedRandomSampler's float64 weights take),
+    with a dict for indices outside it."""
 
-    def __init__(self, rank: int, world: int, passed: bool) -> None:
-        self._seen: dict[int, int] = {}
+    def __init__(self, rank: int, world: int, passed: bool, size: int) -> None:
+        self._counts = np.zeros(size, dtype=np.int32)
+        self._seen: dict[Any, int] = {}
         self._rank, self._world = rank, world
         self.passed = passed  # to the dataset (a SeedPerSample), else for the keys only
 
@@ -112,23 +116,54 @@ class _Occurrences:
         )
         if (once or sampler is loader._source()) and type(batches) in (BatchSampler, type(None)):
             return None
+        try:
+            size = len(loader.dataset)
+        except TypeError:
+            size = 0
         rank, world = rank_and_world_size()
-        return cls(rank, world, isinstance(loader.dataset, SeedPerSample))
+        return cls(rank, world, isinstance(loader.dataset, SeedPerSample), size)
 
     def __call__(self, indices: Any) -> Any:
         if not isinstance(indices, list):
             return self([indices])[0]  # (batch_size=None: one index)
-        seen, world, rank, get = self._seen, self._world, self._rank, self._seen.get
+        keys = np.asarray(indices)
+        counts = self._counts
+        if keys.dtype.kind not in "iu" or keys.ndim != 1 or keys.size == 0:
+            return self._counted_one_by_one(indices)
+        if keys.min() < 0 or keys.max() >= counts.size:
+            return self._counted_one_by_one(indices)
+        # each read's count: the reads of its index in earlier batches, and earlier in this one
+        order = np.argsort(keys, kind="stable")
+        ranked = keys[order]
+        at = np.arange(keys.size)
+        starts = np.ones(keys.size, dtype=bool)
+        starts[1:] = ranked[1:] != ranked[:-1]
+        within = np.empty(keys.size, dtype=np.int64)
+        within[order] = at - np.maximum.accumulate(np.where(starts, at, 0))
+        parts = (counts[keys] + within) * self._world + self._rank
+        np.add.at(counts, keys, 1)
+        return [
+            Occurrence(key, part) if part else index
+            for index, key, part in zip(indices, keys.tolist(), parts.tolist(), strict=True)
+        ]
+
+    def _counted_one_by_one(self, indices: list[Any]) -> list[Any]:
+        """Indices that are not all ints within the dataset: counted in a dict (keys of the
+        dataset's own that are not indices at all are left as they are)."""
         out = []
         for index in indices:
             try:
                 key = operator.index(index)
-            except TypeError:  # (keys of the dataset's own that are not indices)
+            except TypeError:
                 out.append(index)
                 continue
-            count = get(key, 0)
-            seen[key] = count + 1
-            part = count * world + rank
+            inside = 0 <= key < self._counts.size
+            count = int(self._counts[key]) if inside else self._seen.get(key, 0)
+            if inside:
+                self._counts[key] += 1
+            else:
+                self._seen[key] = count + 1
+            part = count * self._world + self._rank
             out.append(Occurrence(key, part) if part else index)
         return out
 
