@@ -174,10 +174,7 @@ def index_sampler(loader: Any, base: Any) -> Any:
     batch's indices (``loader._keys``: popped by ``_Counting`` as it yields that batch)."""
     if isinstance(loader.dataset, IterableDataset):
         return base
-    skipping = _Skipping(base, loader)
-    if loader._priming and loader._primed is None:  # the iterator's (a len() makes more)
-        loader._primed = skipping
-    return skipping
+    return _Skipping(base, loader)
 
 
 class _Dropping:

@@ -17,7 +17,6 @@ from torchfeed._loader_args import dataloader_keywords, default_collation
 from torchfeed._loader_iterators import (
     _Counting,
     _Dropping,
-    _Skipping,
     index_sampler,
 )
 from torchfeed._resume_rules import (
@@ -121,9 +120,6 @@ class ResumableLoader(DataLoader):
         # an epoch begun; its iterator read to the end; that end reached by the training loop
         self._started = self._read_all = self._ended = False
         self._epoch_reset = self._as_reset = False
-        # an epoch's iterator is being made from a checkpoint's state, and its sampler
-        self._priming = False
-        self._primed: _Skipping | None = None
         # a map-style epoch's index batches sampled, not yet yielded, and the last one yielded
         # (a DevicePrefetcher seeds each image's draws from its sample), unless out of order
         self._keys: deque | None = None
@@ -222,15 +218,10 @@ class ResumableLoader(DataLoader):
             if not (isinstance(source, ShardedIterableDataset) and source.seed_samples):
                 then = None
         torch.set_rng_state(start)
-        self._priming = True
-        try:
-            it = self._epoch_iterator(pending)
-            primed = self._primed
-            if primed is not None and primed.last is not None:
-                primed.last.prime()  # (workers have read it already: without, the first batch)
-            return it
+        try:  # (the sampler reads its order in there: workers at their first indices, and
+            # without workers _epoch_iterator primes it)
+            return self._epoch_iterator(pending)
         finally:
-            self._priming, self._primed = False, None
             if then is not None:
                 torch.set_rng_state(then)
 
@@ -394,7 +385,10 @@ class ResumableLoader(DataLoader):
             state["sampler_epoch"] = self._sampler_epoch()
             state["ended"] = self._ended
             state["rng_next"] = self._rng_state() if self._ended else None
-            state["rng_more_next"] = other_generators(self) if self._ended else None
+            # (the sampler's own: torch's global state the next epoch starts from is
+            # rng_at_checkpoint)
+            more = other_generators(self) if self._ended else {}
+            state["rng_more_next"] = {"sampler": more["sampler"]} if "sampler" in more else None
         if hasattr(self.dataset, "state_dict") and not isinstance(source, ShardedIterableDataset):
             if self._consumed is None or not self._own_position():
                 state["dataset"] = self.dataset.state_dict()
