@@ -110,7 +110,7 @@ class _Occurrences:
     def of(cls, loader: Any) -> _Occurrences | None:
         sampler, batches = loader._epoch_sampler(), loader.batch_sampler
         once = type(sampler) in (SequentialSampler, DistributedSampler) or (
-            type(sampler) is RandomSampler
+            (type(sampler) is RandomSampler or getattr(sampler, "each_index_once", False))
             and not sampler.replacement
             and sampler.num_samples <= len(sampler.data_source)
         )
@@ -224,7 +224,7 @@ class _Counting:
             # reads the first batch at once, and torch's state is the loop thread's too)
             self._first = False
             made, now = self._loader._made_epoch, self._loader._sampler_epoch()
-            if made is not None and now not in (None, made) and self._loader._consumed is None:
+            if now is not None and now != made and self._loader._consumed is None:
                 self._it = iter(())  # the old iterator goes (its workers stop) before the new
                 remade = self._loader._remade()
                 self._it, self._keep, self._seeded = remade._it, remade._keep, remade._seeded

@@ -29,7 +29,7 @@ from torchfeed._resume_rules import (
 )
 from torchfeed.collate import DefaultCollate
 from torchfeed.data._distributed import rank_and_world_size
-from torchfeed.data._sampler import DistributedSampler
+from torchfeed.data._sampler import DistributedSampler, EpochShuffle
 from torchfeed.data._seeding import SeedPerSample, run_seed
 from torchfeed.data._sharding import ShardedIterableDataset
 
@@ -97,6 +97,8 @@ class ResumableLoader(DataLoader):
                     sampler = getattr(kwargs.get("batch_sampler"), "sampler", None)
                 seed_samples = run_seed(sampler, kwargs.get("generator"))
             dataset = SeedPerSample(dataset, int(seed_samples))
+        if kwargs.get("shuffle") and not isinstance(dataset, IterableDataset):
+            EpochShuffle.in_place_of_shuffle(dataset, kwargs)
         if default_collation(kwargs):
             # default_collate's batches, written into memory each worker reuses
             kwargs["collate_fn"] = DefaultCollate()

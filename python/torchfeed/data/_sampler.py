@@ -6,12 +6,59 @@ from collections.abc import Iterator, Sized
 from typing import Any, Literal
 
 import torch
+from torch.utils.data import RandomSampler
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 from torchfeed.data._distributed import rank_and_world_size
 from torchfeed.data._plan import EpochPlan
 
-__all__ = ["DistributedSampler"]
+__all__ = ["DistributedSampler", "EpochShuffle"]
+
+
+class EpochShuffle(RandomSampler):
+    """``shuffle=True``'s sampler in ``torchfeed.loader``: torch's ``RandomSampler`` (a new
+    order each ``iter()``, drawn from the loader's ``generator``, else torch's global one), until
+    a trainer calls :meth:`set_epoch` on it (PyTorch Lightning does, on a loader's sampler, each
+    epoch). From then on, epoch e's order is a permutation from ``seed + e``, as a
+    ``DistributedSampler``'s on one rank. Lightning neither restores the random state nor loads a
+    loader's state when it resumes from an end-of-epoch checkpoint (``ModelCheckpoint``'s
+    default); a plain ``RandomSampler`` then gave the resumed epoch epoch 0's order (the seed
+    set again), and so does a DataLoader there. ``seed`` is the loader's per-sample seed."""
+
+    each_index_once = True  # an epoch is a permutation (no per-read seeds needed)
+
+    def __init__(self, data_source: Sized, seed: int, generator: torch.Generator | None) -> None:
+        super().__init__(data_source, generator=generator)
+        self.seed = seed
+        self.epoch: int | None = None
+
+    @classmethod
+    def in_place_of_shuffle(cls, dataset: Any, kwargs: dict[str, Any]) -> None:
+        """DataLoader's keyword arguments (after ``dataset``) with ``shuffle=True`` as one of
+        these over ``dataset``, where DataLoader would make a RandomSampler: neither a
+        ``sampler`` nor a ``batch_sampler`` given (with either, DataLoader's own error stands).
+        Its seed is the per-sample one of ``dataset``, a ``SeedPerSample``, else the loader's."""
+        if kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None:
+            return
+        generator = kwargs.get("generator")
+        seed = getattr(dataset, "seed", None)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            seed = generator.initial_seed() if generator is not None else torch.initial_seed()
+        kwargs["sampler"] = cls(dataset, seed, generator)
+        kwargs["shuffle"] = False
+
+    def set_epoch(self, epoch: int) -> None:
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise TypeError(f"set_epoch: epoch must be an int, got {type(epoch).__name__}")
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        if self.epoch is None:
+            yield from super().__iter__()
+            return
+        g = torch.Generator()
+        g.manual_seed((self.seed + self.epoch) % (1 << 64))  # (an initial_seed() may be 2**64 - 1)
+        yield from torch.randperm(len(self.data_source), generator=g).tolist()
 
 
 class DistributedSampler(TorchDistributedSampler[int]):

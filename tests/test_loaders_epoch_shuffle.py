@@ -1,0 +1,135 @@
+"""torchfeed.loader's ``shuffle=True``: torch's RandomSampler (the same orders as a DataLoader's
+while nobody sets an epoch), plus ``set_epoch``, which PyTorch Lightning calls on a loader's
+sampler each epoch. Once set, epoch e's order comes from (seed, e), as a DistributedSampler's on
+one rank: a run restarted at an epoch's end, where Lightning restores neither the random state
+nor the loader's checkpoint (it seeds again, makes the iterator, then sets the epoch), reads the
+next epoch's order and per-sample draws instead of epoch 0's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data.distributed import DistributedSampler as TorchSampler
+
+import torchfeed
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+N = 24
+
+
+class Drawn(torch.utils.data.Dataset):
+    """Sample i and a draw of its own (torchfeed.loader seeds it from (seed, epoch, i))."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i), torch.rand(()).item()])
+
+
+def epoch(dl) -> torch.Tensor:
+    return torch.cat([b.clone() for b in dl])
+
+
+def make(workers=0, **kw):
+    return torchfeed.loader(Drawn(), batch_size=4, shuffle=True, num_workers=workers, **kw)
+
+
+@pytest.mark.parametrize("generator", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_without_set_epoch_the_orders_are_a_dataloaders(generator, workers):
+    """(Over samples that draw nothing: without workers, a DataLoader's samples draw from the
+    global generator, which torchfeed.loader leaves to the loop, and so its later orders.)"""
+
+    def orders(build):
+        torch.manual_seed(5)
+        g = torch.Generator().manual_seed(9) if generator else None
+        dl = build(list(range(N)), batch_size=4, shuffle=True, generator=g, num_workers=workers)
+        return [torch.cat(list(dl)).tolist() for _ in range(3)]
+
+    got, expected = orders(torchfeed.loader), orders(DataLoader)
+    assert got == expected
+    assert got[0] != got[1]
+
+
+def test_the_sampler_is_a_random_sampler_that_takes_an_epoch():
+    dl = make()
+    assert isinstance(dl.sampler, RandomSampler) and len(dl.sampler) == N
+    for bad in (True, 1.0, "1"):
+        with pytest.raises(TypeError, match="set_epoch: epoch must be an int"):
+            dl.sampler.set_epoch(bad)
+
+
+@pytest.mark.parametrize("seed_from", ["torch.manual_seed", "generator", "seed_samples"])
+def test_a_set_epoch_is_a_permutation_from_the_seed_and_epoch(seed_from):
+    """Epoch e's order is torch's DistributedSampler's on one rank with the same seed, whatever
+    the global random state when the epoch starts."""
+    torch.manual_seed(11)
+    kw = {
+        "torch.manual_seed": {},
+        "generator": {"generator": torch.Generator().manual_seed(12)},
+        "seed_samples": {"seed_samples": 13},
+    }[seed_from]
+    dl = make(**kw)
+    seed = {"torch.manual_seed": 11, "generator": 12, "seed_samples": 13}[seed_from]
+    reference = TorchSampler(range(N), num_replicas=1, rank=0, shuffle=True, seed=seed)
+    for e in (3, 0, 3):
+        dl.sampler.set_epoch(e)
+        reference.set_epoch(e)
+        torch.manual_seed(100 + e)  # another global state each time: no effect on the order
+        assert epoch(dl)[:, 0].long().tolist() == list(reference)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_restart_at_an_epochs_end_reads_the_next_epoch(workers):
+    """Lightning's order on a restart from an end-of-epoch checkpoint: seed again, a new loader,
+    iter(), then set_epoch. Before, the restarted run read epoch 0's order and draws again."""
+
+    def uninterrupted():
+        torch.manual_seed(0)
+        dl = make(workers)
+        out = []
+        for e in range(3):
+            it = iter(dl)
+            dl.sampler.set_epoch(e)
+            out.append(epoch(it))
+        return out
+
+    def restarted():
+        torch.manual_seed(0)
+        dl = make(workers)
+        out = []
+        for e in (1, 2):
+            it = iter(dl)
+            dl.sampler.set_epoch(e)
+            out.append(epoch(it))
+        return out
+
+    full, again = uninterrupted(), restarted()
+    assert not torch.equal(full[0][:, 0], full[1][:, 0])
+    for got, expected in zip(again, full[1:], strict=True):
+        assert torch.equal(got, expected)
+        assert sorted(got[:, 0].tolist()) == list(range(N))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mid_epoch_resume_with_the_epoch_set_after_iter(workers):
+    """Lightning's order on a mid-epoch resume: load_state_dict, iter(), set_epoch. The rest of
+    the epoch is the uninterrupted run's, each sample once."""
+    torch.manual_seed(0)
+    dl = make(workers)
+    dl.sampler.set_epoch(1)
+    batches = [b.clone() for b in dl]
+    dl.sampler.set_epoch(1)
+    it = iter(dl)
+    [next(it) for _ in range(2)]
+    state = dl.state_dict()
+
+    torch.manual_seed(0)
+    resumed = make(workers)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    resumed.sampler.set_epoch(1)
+    assert torch.equal(epoch(it), torch.cat(batches[2:]))
