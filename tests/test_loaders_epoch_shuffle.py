@@ -7,6 +7,7 @@ next epoch's order and per-sample draws instead of epoch 0's."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, RandomSampler
@@ -57,12 +58,16 @@ def test_without_set_epoch_the_orders_are_a_dataloaders(generator, workers):
 def test_the_sampler_is_a_random_sampler_that_takes_an_epoch():
     dl = make()
     assert isinstance(dl.sampler, RandomSampler) and len(dl.sampler) == N
-    for bad in (True, 1.0, "1"):
+    for bad in (True, 1.0, "1", None):
         with pytest.raises(TypeError, match="set_epoch: epoch must be an int"):
             dl.sampler.set_epoch(bad)
+    dl.sampler.set_epoch(np.int64(2))
+    assert type(dl.sampler.epoch) is int and dl.sampler.epoch == 2
 
 
-@pytest.mark.parametrize("seed_from", ["torch.manual_seed", "generator", "seed_samples"])
+@pytest.mark.parametrize(
+    "seed_from", ["torch.manual_seed", "generator", "seed_samples", "seed_samples=False"]
+)
 def test_a_set_epoch_is_a_permutation_from_the_seed_and_epoch(seed_from):
     """Epoch e's order is torch's DistributedSampler's on one rank with the same seed, whatever
     the global random state when the epoch starts."""
@@ -71,9 +76,10 @@ def test_a_set_epoch_is_a_permutation_from_the_seed_and_epoch(seed_from):
         "torch.manual_seed": {},
         "generator": {"generator": torch.Generator().manual_seed(12)},
         "seed_samples": {"seed_samples": 13},
+        "seed_samples=False": {"seed_samples": False},
     }[seed_from]
     dl = make(**kw)
-    seed = {"torch.manual_seed": 11, "generator": 12, "seed_samples": 13}[seed_from]
+    seed = {"generator": 12, "seed_samples": 13}.get(seed_from, 11)
     reference = TorchSampler(range(N), num_replicas=1, rank=0, shuffle=True, seed=seed)
     for e in (3, 0, 3):
         dl.sampler.set_epoch(e)

@@ -98,7 +98,9 @@ class ResumableLoader(DataLoader):
                 seed_samples = run_seed(sampler, kwargs.get("generator"))
             dataset = SeedPerSample(dataset, int(seed_samples))
         if kwargs.get("shuffle") and not isinstance(dataset, IterableDataset):
-            EpochShuffle.in_place_of_shuffle(dataset, kwargs)
+            seed = dataset.seed if isinstance(dataset, SeedPerSample) else None
+            seed = run_seed(None, kwargs.get("generator")) if seed is None else seed
+            EpochShuffle.in_place_of_shuffle(dataset, seed, kwargs)  # (the per-sample seed)
         if default_collation(kwargs):
             # default_collate's batches, written into memory each worker reuses
             kwargs["collate_fn"] = DefaultCollate()

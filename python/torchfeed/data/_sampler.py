@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sized
 from typing import Any, Literal
 
@@ -33,24 +34,24 @@ class EpochShuffle(RandomSampler):
         self.epoch: int | None = None
 
     @classmethod
-    def in_place_of_shuffle(cls, dataset: Any, kwargs: dict[str, Any]) -> None:
+    def in_place_of_shuffle(cls, dataset: Any, seed: int, kwargs: dict[str, Any]) -> None:
         """DataLoader's keyword arguments (after ``dataset``) with ``shuffle=True`` as one of
         these over ``dataset``, where DataLoader would make a RandomSampler: neither a
-        ``sampler`` nor a ``batch_sampler`` given (with either, DataLoader's own error stands).
-        Its seed is the per-sample one of ``dataset``, a ``SeedPerSample``, else the loader's."""
+        ``sampler`` nor a ``batch_sampler`` given (with either, DataLoader's own error stands)."""
         if kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None:
             return
-        generator = kwargs.get("generator")
-        seed = getattr(dataset, "seed", None)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            seed = generator.initial_seed() if generator is not None else torch.initial_seed()
-        kwargs["sampler"] = cls(dataset, seed, generator)
+        kwargs["sampler"] = cls(dataset, seed, kwargs.get("generator"))
         kwargs["shuffle"] = False
 
     def set_epoch(self, epoch: int) -> None:
-        if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise TypeError(f"set_epoch: epoch must be an int, got {type(epoch).__name__}")
-        self.epoch = epoch
+        try:
+            if isinstance(epoch, bool):
+                raise TypeError
+            self.epoch = operator.index(epoch)  # (a numpy integer too)
+        except TypeError:
+            raise TypeError(
+                f"set_epoch: epoch must be an int, got {type(epoch).__name__}"
+            ) from None
 
     def __iter__(self) -> Iterator[int]:
         if self.epoch is None:
