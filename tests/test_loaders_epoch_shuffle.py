@@ -139,3 +139,38 @@ def test_a_mid_epoch_resume_with_the_epoch_set_after_iter(workers):
     it = iter(resumed)
     resumed.sampler.set_epoch(1)
     assert torch.equal(epoch(it), torch.cat(batches[2:]))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_epoch_on_the_sampler_alone_sets_the_per_sample_epoch(workers):
+    """Hugging Face Accelerate rebuilds the loader over its dataset and sampler, and on several
+    processes calls set_epoch on the sampler alone (its dataset's only when the sampler has
+    none): each epoch's per-sample draws must still be that epoch's, not epoch 0's again."""
+    torch.manual_seed(0)
+    dl = make(workers)
+    rebuilt = DataLoader(dl.dataset, batch_size=4, sampler=dl.sampler, num_workers=workers)
+    draws = []
+    for e in range(2):
+        rebuilt.sampler.set_epoch(e)
+        assert dl.dataset.epoch == e
+        draws.append({int(i): d for i, d in epoch(rebuilt).tolist()})
+    assert all(draws[0][i] != draws[1][i] for i in range(N))
+
+
+def test_on_several_ranks_the_order_stays_drawn_from_the_generator(monkeypatch):
+    """Accelerate keeps the sampler's generator in step across its processes and shards one
+    order over them; a permutation from each rank's own seed would shard different orders
+    (ranks seeded apart read some samples twice and others never)."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def orders(set_epoch):
+        dl = make(generator=torch.Generator().manual_seed(7))
+        out = []
+        for e in range(2):
+            if set_epoch:
+                dl.sampler.set_epoch(e)
+            out.append(epoch(dl)[:, 0].tolist())
+        return out
+
+    assert orders(True) == orders(False)

@@ -12,6 +12,7 @@ from torch.utils.data.distributed import DistributedSampler as TorchDistributedS
 
 from torchfeed.data._distributed import rank_and_world_size
 from torchfeed.data._plan import EpochPlan
+from torchfeed.data._seeding import SeedPerSample
 
 __all__ = ["DistributedSampler", "EpochShuffle"]
 
@@ -20,11 +21,16 @@ class EpochShuffle(RandomSampler):
     """``shuffle=True``'s sampler in ``torchfeed.loader``: torch's ``RandomSampler`` (a new
     order each ``iter()``, drawn from the loader's ``generator``, else torch's global one), until
     a trainer calls :meth:`set_epoch` on it (PyTorch Lightning does, on a loader's sampler, each
-    epoch). From then on, epoch e's order is a permutation from ``seed + e``, as a
-    ``DistributedSampler``'s on one rank. Lightning neither restores the random state nor loads a
-    loader's state when it resumes from an end-of-epoch checkpoint (``ModelCheckpoint``'s
-    default); a plain ``RandomSampler`` then gave the resumed epoch epoch 0's order (the seed
-    set again), and so does a DataLoader there. ``seed`` is the loader's per-sample seed."""
+    epoch). From then on, on a world size of 1, epoch e's order is a permutation from
+    ``seed + e``, as a ``DistributedSampler``'s on one rank. Lightning neither restores the
+    random state nor loads a loader's state when it resumes from an end-of-epoch checkpoint
+    (``ModelCheckpoint``'s default); a plain ``RandomSampler`` then gave the resumed epoch epoch
+    0's order (the seed set again), and so does a DataLoader there. ``seed`` is the loader's
+    per-sample seed. On several ranks the order stays drawn from the generator: Hugging Face
+    Accelerate shards one order over its processes by keeping the sampler's generator in step
+    across them, and ranks seeded apart would otherwise shard different orders. The epoch is
+    also the per-sample seeds' (a ``SeedPerSample`` dataset's ``set_epoch``), which Accelerate
+    does not set when the sampler takes one."""
 
     each_index_once = True  # an epoch is a permutation (no per-read seeds needed)
 
@@ -52,9 +58,11 @@ class EpochShuffle(RandomSampler):
             raise TypeError(
                 f"set_epoch: epoch must be an int, got {type(epoch).__name__}"
             ) from None
+        if isinstance(self.data_source, SeedPerSample):
+            self.data_source.set_epoch(self.epoch)
 
     def __iter__(self) -> Iterator[int]:
-        if self.epoch is None:
+        if self.epoch is None or rank_and_world_size()[1] > 1:
             yield from super().__iter__()
             return
         g = torch.Generator()
