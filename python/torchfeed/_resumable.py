@@ -98,8 +98,8 @@ class ResumableLoader(DataLoader):
                 seed_samples = run_seed(sampler, kwargs.get("generator"))
             dataset = SeedPerSample(dataset, int(seed_samples))
         if kwargs.get("shuffle") and not isinstance(dataset, IterableDataset):
-            seed = dataset.seed if isinstance(dataset, SeedPerSample) else None
-            seed = run_seed(None, kwargs.get("generator")) if seed is None else seed
+            generator = kwargs.get("generator")
+            seed = dataset.seed if isinstance(dataset, SeedPerSample) else run_seed(None, generator)
             EpochShuffle.in_place_of_shuffle(dataset, seed, kwargs)  # (the per-sample seed)
         if default_collation(kwargs):
             # default_collate's batches, written into memory each worker reuses

@@ -107,8 +107,8 @@ def other_generators(loader: Any) -> dict[str, torch.Tensor]:
     states = {}
     if loader.generator is not None:
         states["global"] = torch.get_rng_state()
-    own = getattr(loader._epoch_sampler(), "generator", None)
-    if isinstance(own, torch.Generator) and own is not loader.generator:
+    own = _samplers_own_generator(loader)
+    if own is not None:
         states["sampler"] = own.get_state()
     return states
 
@@ -116,6 +116,12 @@ def other_generators(loader: Any) -> dict[str, torch.Tensor]:
 def set_other_generators(loader: Any, states: dict[str, torch.Tensor]) -> None:
     """The sampler's own generator set back to ``states`` (torch's global one is set by the
     loader, with the rest of its resume)."""
-    own = getattr(loader._epoch_sampler(), "generator", None)
-    if "sampler" in states and isinstance(own, torch.Generator) and own is not loader.generator:
+    own = _samplers_own_generator(loader)
+    if "sampler" in states and own is not None:
         own.set_state(states["sampler"])
+
+
+def _samplers_own_generator(loader: Any) -> torch.Generator | None:
+    """The epoch sampler's ``generator``, when it has one that is not the loader's."""
+    own = getattr(loader._epoch_sampler(), "generator", None)
+    return own if isinstance(own, torch.Generator) and own is not loader.generator else None

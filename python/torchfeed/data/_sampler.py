@@ -17,6 +17,14 @@ from torchfeed.data._seeding import SeedPerSample
 __all__ = ["DistributedSampler", "EpochShuffle"]
 
 
+def _permutation(length: int, seed: int) -> list[int]:
+    """torch's DistributedSampler's shuffle: ``randperm(length)`` from a generator seeded
+    ``seed`` (its seed plus the epoch)."""
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return torch.randperm(length, generator=g).tolist()
+
+
 class EpochShuffle(RandomSampler):
     """``shuffle=True``'s sampler in ``torchfeed.loader``: torch's ``RandomSampler`` (a new
     order each ``iter()``, drawn from the loader's ``generator``, else torch's global one), until
@@ -50,14 +58,9 @@ class EpochShuffle(RandomSampler):
         kwargs["shuffle"] = False
 
     def set_epoch(self, epoch: int) -> None:
-        try:
-            if isinstance(epoch, bool):
-                raise TypeError
-            self.epoch = operator.index(epoch)  # (a numpy integer too)
-        except TypeError:
-            raise TypeError(
-                f"set_epoch: epoch must be an int, got {type(epoch).__name__}"
-            ) from None
+        if isinstance(epoch, bool) or not hasattr(type(epoch), "__index__"):
+            raise TypeError(f"set_epoch: epoch must be an int, got {type(epoch).__name__}")
+        self.epoch = operator.index(epoch)  # (a numpy integer too)
         if isinstance(self.data_source, SeedPerSample):
             self.data_source.set_epoch(self.epoch)
 
@@ -65,9 +68,8 @@ class EpochShuffle(RandomSampler):
         if self.epoch is None or rank_and_world_size()[1] > 1:
             yield from super().__iter__()
             return
-        g = torch.Generator()
-        g.manual_seed((self.seed + self.epoch) % (1 << 64))  # (an initial_seed() may be 2**64 - 1)
-        yield from torch.randperm(len(self.data_source), generator=g).tolist()
+        # (an initial_seed() may be 2**64 - 1)
+        yield from _permutation(len(self.data_source), (self.seed + self.epoch) % (1 << 64))
 
 
 class DistributedSampler(TorchDistributedSampler[int]):
@@ -145,9 +147,7 @@ class DistributedSampler(TorchDistributedSampler[int]):
     def _order(self) -> list[int]:
         if not self.shuffle:
             return list(range(self.length))
-        g = torch.Generator()
-        g.manual_seed(self.seed + self.epoch)  # torch's DistributedSampler draws the same
-        return torch.randperm(self.length, generator=g).tolist()
+        return _permutation(self.length, self.seed + self.epoch)
 
     def _current(self) -> dict[str, Any] | None:
         r = self._resume
