@@ -7,11 +7,19 @@ Baseline: torchvision's uint8 path (``resized_crop`` on the uint8 tensor, antial
 (a uint8 max over it) plus writing the output once, what no resize can beat. Goal (issue 21):
 2x torchvision at 4x-16x, within 2x of the floor.
 
-Each is timed on its own (pytest-benchmark's rounds, one after the other), and then all three
-interleaved, round after round in a rotating order (``test_downscale_paired``): on a shared
-or throttling machine the separate runs meet different conditions (one run here gave torchfeed
-2.4x torchvision by medians and 1.4x by minimums at 4x), and the paired rounds, which meet the
-same ones, are the figure to quote.
+Float floor: the multiply-adds that no separable float resize can skip (each nonzero weight of
+PyTorch's antialiased resize, once for every column of the window in the vertical pass and once
+for every output column in the horizontal one), run as one float32 matrix multiply on one
+thread, which does this core's fused multiply-adds about as fast as they go. The kernel's float
+arithmetic, which the CUDA kernel shares bit for bit, cannot beat it: where the float floor
+itself takes more than twice the read floor, only other arithmetic could reach that goal.
+
+torchfeed, torchvision and the read floor are each timed on their own (pytest-benchmark's
+rounds, one after the other), and then all of them and the float floor interleaved, round after
+round in a rotating order (``test_downscale_paired``): on a shared or throttling machine the
+separate runs meet different conditions (one run here gave torchfeed 2.4x torchvision by medians
+and 1.4x by minimums at 4x), and the paired rounds, which meet the same ones, are the figure to
+quote.
 """
 
 from __future__ import annotations
@@ -105,6 +113,33 @@ def floor_run(crop) -> Callable[[], torch.Tensor]:
     return run
 
 
+def tap_count(in_size: int, out_size: int) -> int:
+    """Taps over all outputs of one axis of the antialiased bilinear resize: the nonzero weights
+    of PyTorch's own, read off by resizing an identity matrix along that axis."""
+    eye = torch.eye(in_size)[None, None]
+    weights = torch.nn.functional.interpolate(
+        eye, size=(out_size, in_size), mode="bilinear", antialias=True
+    )
+    return int(weights.count_nonzero())
+
+
+def multiply_adds(side: int, channels: int = 3) -> int:
+    """What the two passes must do for a square crop of ``side`` to OUT x OUT: the vertical
+    pass makes OUT rows of side * channels sums, the horizontal one OUT rows of OUT * channels."""
+    taps = tap_count(side, OUT)
+    return taps * side * channels + OUT * taps * channels
+
+
+def float_floor_run(crop) -> Callable[[], torch.Tensor]:
+    """The kernel's multiply-adds as a float32 [128, k] @ [k, 128] product (k chosen so the
+    count matches within 128 * 128)."""
+    _, (_, _, side, _), _ = crop
+    k = max(1, round(multiply_adds(side) / (128 * 128)))
+    a, b = torch.rand(128, k), torch.rand(k, 128)
+    out = torch.empty(128, 128)
+    return lambda: torch.mm(a, b, out=out)
+
+
 def test_downscale_torchfeed(benchmark, role, crop):
     benchmark.group = group(crop[2])
     role("torchfeed")
@@ -130,7 +165,7 @@ PAIRED_SECONDS = 1.0
 
 
 def test_downscale_paired(benchmark, crop):
-    """torchfeed, torchvision and the floor timed in the same rounds, each round in another
+    """torchfeed, torchvision and both floors timed in the same rounds, each round in another
     order; bench/conftest.py reports the median of each and of the per-round ratios."""
     benchmark.group = group(crop[2])
     runs = {
@@ -138,6 +173,7 @@ def test_downscale_paired(benchmark, crop):
         "torchfeed kernel": kernel_run(crop),
         "baseline": torchvision_run(crop),
         "floor": floor_run(crop),
+        "float floor": float_floor_run(crop),
     }
     names = list(runs)
     times: dict[str, list[float]] = {name: [] for name in names}
