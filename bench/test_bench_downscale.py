@@ -3,9 +3,10 @@ crop of side 224 * f (f = 2, 4, 8, 16) out of a decoded image (HWC memory, as a 
 writes it), resized to 224 (bilinear, antialiased), flipped, normalized, on one thread.
 
 Baseline: torchvision's uint8 path (``resized_crop`` on the uint8 tensor, antialiased, then
-``to_dtype(scale=True)`` and ``normalize``), the same crop. Floor: reading the window once
-(a uint8 max over it) plus writing the output once, what no resize can beat. Goal (issue 21):
-2x torchvision at 4x-16x, within 2x of the floor.
+``to_dtype(scale=True)`` and ``normalize``), the same crop. Read floor ("floor" alone, and
+"read floor" in the paired rounds): reading the window once (a uint8 max over it) plus writing
+the output once, what no resize can beat. Goal (issue 21): 2x torchvision at 4x-16x, within 2x
+of the read floor.
 
 Float floor: the multiply-adds that no separable float resize can skip (each nonzero weight of
 PyTorch's antialiased resize, once for every column of the window in the vertical pass and once
@@ -172,7 +173,7 @@ def test_downscale_paired(benchmark, crop):
         "torchfeed": torchfeed_run(crop),
         "torchfeed kernel": kernel_run(crop),
         "baseline": torchvision_run(crop),
-        "floor": floor_run(crop),
+        "read floor": floor_run(crop),
         "float floor": float_floor_run(crop),
     }
     names = list(runs)
