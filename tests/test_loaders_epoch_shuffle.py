@@ -174,3 +174,77 @@ def test_on_several_ranks_the_order_stays_drawn_from_the_generator(monkeypatch):
         return out
 
     assert orders(True) == orders(False)
+
+
+def test_set_epoch_on_the_loader_is_the_samplers():
+    """The Hugging Face Trainer calls set_epoch on a loader that has one (the one its
+    get_train_dataloader returns, when that is torchfeed.loader(...) as it is)."""
+    torch.manual_seed(0)
+    dl = make()
+    dl.set_epoch(np.int64(3))
+    assert dl.sampler.epoch == 3 and dl.dataset.epoch == 3
+    with pytest.raises(TypeError, match="set_epoch: epoch must be an int"):
+        dl.set_epoch(1.0)
+    # a sampler without set_epoch: nothing to set, the per-sample epoch stays the loader's count
+    plain = torchfeed.loader(Drawn(), batch_size=4)
+    plain.set_epoch(5)
+    first = epoch(plain)
+    assert plain.dataset.epoch == 0 and not torch.equal(first, epoch(plain))
+
+
+def test_the_batch_sampler_deals_a_batch_samplers_batches_and_takes_an_epoch():
+    dl = make(drop_last=True)
+    batches = dl.batch_sampler
+    assert isinstance(batches, torch.utils.data.BatchSampler) and batches.sampler is dl.sampler
+    assert dl.batch_size == 4 and dl.drop_last and batches.drop_last
+    batches.set_epoch(2)
+    assert dl.sampler.epoch == 2 and dl.dataset.epoch == 2
+    expected = list(torch.utils.data.BatchSampler(dl.sampler, 4, True))
+    assert list(batches) == expected and len(expected) == N // 4
+    # an epoch is each index once: no per-read seeds (the loader counts no occurrences)
+    from torchfeed._loader_iterators import _Occurrences
+
+    assert _Occurrences.of(dl) is None
+
+
+class SkipBatches(torch.utils.data.Sampler):
+    """What Accelerate's skip_first_batches wraps a plain DataLoader's batch sampler in."""
+
+    def __init__(self, batch_sampler, skip):
+        self.batch_sampler, self.skip = batch_sampler, skip
+
+    def __iter__(self):
+        for k, batch in enumerate(self.batch_sampler):
+            if k >= self.skip:
+                yield batch
+
+    def __len__(self):
+        return len(self.batch_sampler) - self.skip
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_trainers_mid_epoch_resume_through_skipped_batches(workers):
+    """The Hugging Face Trainer (transformers 5.24) resumes mid-epoch by rebuilding the loader
+    its get_train_dataloader returned as a plain DataLoader over SkipBatchSampler(the loader's
+    batch sampler), then calls set_epoch on ``loader.batch_sampler.batch_sampler`` and iterates
+    before it restores torch's random state. The rest of the epoch must be the uninterrupted
+    run's, order and per-sample draws; before, the order was a fresh draw from the global
+    generator (a throwaway Trainer run read 33 of 40 samples in the resumed epoch)."""
+    torch.manual_seed(0)
+    dl = make(workers)
+    full = []
+    for e in range(2):
+        dl.set_epoch(e)
+        full.append(epoch(dl))
+
+    torch.manual_seed(0)
+    fresh = make(workers)
+    torch.manual_seed(123)  # the state a resumed run is in: not the epoch's
+    rebuilt = DataLoader(
+        fresh.dataset,
+        batch_sampler=SkipBatches(fresh.batch_sampler, 2),
+        collate_fn=fresh.collate_fn,
+        num_workers=workers,
+    )
+    rebuilt.batch_sampler.batch_sampler.set_epoch(1)
+    assert torch.equal(epoch(rebuilt), full[1][8:])

@@ -114,7 +114,8 @@ class _Occurrences:
             and not sampler.replacement
             and sampler.num_samples <= len(sampler.data_source)
         )
-        if (once or sampler is loader._source()) and type(batches) in (BatchSampler, type(None)):
+        plain = type(batches) in (BatchSampler, type(None)) or hasattr(batches, "plain_batches")
+        if (once or sampler is loader._source()) and plain:
             return None
         try:
             size = len(loader.dataset)

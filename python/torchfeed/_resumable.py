@@ -60,12 +60,12 @@ class ResumableLoader(DataLoader):
     augmentation whatever rank or worker reads it, before or after a resume, on any world size
     or worker count. The seed is the sampler's (a DistributedSampler's ``seed``), else the
     initial seed of the loader's ``generator``, else ``torch.initial_seed()`` when the loader
-    is made (seed every run alike); an int
-    ``seed_samples`` sets it; ``False`` leaves the workers' streams as they are (a dataset that
-    draws nothing read by index saves about 3 us a sample; one that draws from numpy or
-    ``random``, about 10 us). The epoch is the sampler's ``epoch`` if it has
-    one, else the count of this loader's epochs. (A :class:`~torchfeed.data.ShardedIterableDataset`
-    seeds its own samples; another IterableDataset has no index to seed from.)
+    is made (seed every run alike); an int ``seed_samples`` sets it; ``False`` leaves the
+    workers' streams as they are (a dataset that draws nothing read by index saves about 3 us a
+    sample; one that draws from numpy or ``random``, about 10 us). The epoch is the sampler's
+    ``epoch`` if it has one (``set_epoch``, on it or on this loader), else the count of this
+    loader's epochs. (A :class:`~torchfeed.data.ShardedIterableDataset` seeds its own samples;
+    another IterableDataset has no index to seed from.)
 
     The random state the epoch started from is saved too, so workers get the same seeds
     (:class:`~torchfeed.data.WorkerSeeder` streams included), and torch's global one when the
@@ -97,14 +97,11 @@ class ResumableLoader(DataLoader):
                     sampler = getattr(kwargs.get("batch_sampler"), "sampler", None)
                 seed_samples = run_seed(sampler, kwargs.get("generator"))
             dataset = SeedPerSample(dataset, int(seed_samples))
-        if kwargs.get("shuffle") and not isinstance(dataset, IterableDataset):
-            generator = kwargs.get("generator")
-            seed = dataset.seed if isinstance(dataset, SeedPerSample) else run_seed(None, generator)
-            EpochShuffle.in_place_of_shuffle(dataset, seed, kwargs)  # (the per-sample seed)
-        if default_collation(kwargs):
-            # default_collate's batches, written into memory each worker reuses
+        EpochShuffle.in_place_of_shuffle(dataset, kwargs)
+        if default_collation(kwargs):  # default_collate's batches, in memory each worker reuses
             kwargs["collate_fn"] = DefaultCollate()
         super().__init__(dataset, **kwargs)
+        EpochShuffle.batches_with_epoch(self)
         self._epoch_index = 0  # this loader's epochs begun so far (the per-sample seeds' epoch)
         self._batches = 0  # yielded by the current epoch's iterator
         # read ahead by a DevicePrefetcher: the batches its loop has (None: no prefetcher), and
@@ -312,6 +309,11 @@ class ResumableLoader(DataLoader):
             self._pulled[self._batches] = copy.deepcopy(position)
             for k in [k for k in self._pulled if k < consumed]:
                 del self._pulled[k]  # (never the one a checkpoint would take now)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The sampler's ``set_epoch`` (if it has one), where the HF Trainer looks for it."""
+        if hasattr(self._epoch_sampler(), "set_epoch"):
+            self._epoch_sampler().set_epoch(epoch)
 
     def _epoch_sampler(self) -> Any:
         """The sampler under the batch sampler, else the loader's."""

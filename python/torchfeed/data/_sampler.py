@@ -7,12 +7,12 @@ from collections.abc import Iterator, Sized
 from typing import Any, Literal
 
 import torch
-from torch.utils.data import RandomSampler
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 from torchfeed.data._distributed import rank_and_world_size
 from torchfeed.data._plan import EpochPlan
-from torchfeed.data._seeding import SeedPerSample
+from torchfeed.data._seeding import SeedPerSample, run_seed
 
 __all__ = ["DistributedSampler", "EpochShuffle"]
 
@@ -48,14 +48,33 @@ class EpochShuffle(RandomSampler):
         self.epoch: int | None = None
 
     @classmethod
-    def in_place_of_shuffle(cls, dataset: Any, seed: int, kwargs: dict[str, Any]) -> None:
+    def in_place_of_shuffle(cls, dataset: Any, kwargs: dict[str, Any]) -> None:
         """DataLoader's keyword arguments (after ``dataset``) with ``shuffle=True`` as one of
-        these over ``dataset``, where DataLoader would make a RandomSampler: neither a
-        ``sampler`` nor a ``batch_sampler`` given (with either, DataLoader's own error stands)."""
+        these over ``dataset``, where DataLoader would make a RandomSampler: a map-style dataset,
+        neither a ``sampler`` nor a ``batch_sampler`` given (with either, DataLoader's own error
+        stands). Its seed is the per-sample one (a ``SeedPerSample`` dataset's), else the run's."""
+        if not kwargs.get("shuffle") or isinstance(dataset, IterableDataset):
+            return
         if kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None:
             return
-        kwargs["sampler"] = cls(dataset, seed, kwargs.get("generator"))
+        generator = kwargs.get("generator")
+        seed = dataset.seed if isinstance(dataset, SeedPerSample) else run_seed(None, generator)
+        kwargs["sampler"] = cls(dataset, seed, generator)
         kwargs["shuffle"] = False
+
+    @staticmethod
+    def batches_with_epoch(loader: Any) -> None:
+        """After ``DataLoader.__init__``: the BatchSampler it made over an EpochShuffle, as one
+        that takes ``set_epoch`` too (the same batches). The Hugging Face Trainer resumes
+        mid-epoch through Accelerate's ``skip_first_batches``, which rebuilds the loader as a
+        plain DataLoader over this batch sampler; the Trainer then sets the epoch on
+        ``loader.batch_sampler.batch_sampler``, this one, and the resumed epoch gets its order
+        and per-sample draws instead of a fresh draw from torch's generator."""
+        batches = loader.batch_sampler
+        if type(batches) is BatchSampler and isinstance(batches.sampler, EpochShuffle):
+            # (DataLoader refuses a new batch_sampler once made: this one deals the same)
+            again = _EpochBatches(batches.sampler, batches.batch_size, batches.drop_last)
+            object.__setattr__(loader, "batch_sampler", again)
 
     def set_epoch(self, epoch: int) -> None:
         if isinstance(epoch, bool) or not hasattr(type(epoch), "__index__"):
@@ -70,6 +89,15 @@ class EpochShuffle(RandomSampler):
             return
         # (an initial_seed() may be 2**64 - 1)
         yield from _permutation(len(self.data_source), (self.seed + self.epoch) % (1 << 64))
+
+
+class _EpochBatches(BatchSampler):
+    """A BatchSampler over an EpochShuffle that passes ``set_epoch`` on to it."""
+
+    plain_batches = True  # batches as BatchSampler's (no index read twice in an epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)  # type: ignore[union-attr]
 
 
 class DistributedSampler(TorchDistributedSampler[int]):
