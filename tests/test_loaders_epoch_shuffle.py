@@ -195,7 +195,9 @@ def test_set_epoch_on_the_loader_is_the_samplers():
 def test_the_batch_sampler_deals_a_batch_samplers_batches_and_takes_an_epoch():
     dl = make(drop_last=True)
     batches = dl.batch_sampler
-    assert isinstance(batches, torch.utils.data.BatchSampler) and batches.sampler is dl.sampler
+    # torch's own type: Lightning and Accelerate rebuild a loader around a batch sampler of
+    # another type as a custom one
+    assert type(batches) is torch.utils.data.BatchSampler and batches.sampler is dl.sampler
     assert dl.batch_size == 4 and dl.drop_last and batches.drop_last
     batches.set_epoch(2)
     assert dl.sampler.epoch == 2 and dl.dataset.epoch == 2
@@ -248,3 +250,15 @@ def test_a_trainers_mid_epoch_resume_through_skipped_batches(workers):
     )
     rebuilt.batch_sampler.batch_sampler.set_epoch(1)
     assert torch.equal(epoch(rebuilt), full[1][8:])
+
+
+def test_the_batch_samplers_epoch_reaches_the_samples_after_its_sampler_is_replaced():
+    """Accelerate's prepare() puts its own sampler into the loader's batch sampler (its seedable
+    one, which takes no per-sample epoch) and then calls set_epoch on the batch sampler: the
+    per-sample draws must still be that epoch's (a throwaway Trainer run resumed mid-epoch had 7
+    of 17 batches with another epoch's draws before)."""
+    torch.manual_seed(0)
+    dl = make()
+    dl.batch_sampler.sampler = RandomSampler(dl.dataset)
+    dl.batch_sampler.set_epoch(4)
+    assert dl.dataset.epoch == 4

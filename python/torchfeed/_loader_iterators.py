@@ -114,8 +114,7 @@ class _Occurrences:
             and not sampler.replacement
             and sampler.num_samples <= len(sampler.data_source)
         )
-        plain = type(batches) in (BatchSampler, type(None)) or hasattr(batches, "plain_batches")
-        if (once or sampler is loader._source()) and plain:
+        if (once or sampler is loader._source()) and type(batches) in (BatchSampler, type(None)):
             return None
         try:
             size = len(loader.dataset)

@@ -64,17 +64,20 @@ class EpochShuffle(RandomSampler):
 
     @staticmethod
     def batches_with_epoch(loader: Any) -> None:
-        """After ``DataLoader.__init__``: the BatchSampler it made over an EpochShuffle, as one
-        that takes ``set_epoch`` too (the same batches). The Hugging Face Trainer resumes
-        mid-epoch through Accelerate's ``skip_first_batches``, which rebuilds the loader as a
-        plain DataLoader over this batch sampler; the Trainer then sets the epoch on
+        """After ``DataLoader.__init__``: the BatchSampler it made over an EpochShuffle takes
+        ``set_epoch`` too, passed on to the sampler. The Hugging Face Trainer resumes mid-epoch
+        through Accelerate's ``skip_first_batches``, which rebuilds the loader as a plain
+        DataLoader over this batch sampler; the Trainer then sets the epoch on
         ``loader.batch_sampler.batch_sampler``, this one, and the resumed epoch gets its order
-        and per-sample draws instead of a fresh draw from torch's generator."""
+        and per-sample draws instead of a fresh draw from torch's generator. The method stays
+        this EpochShuffle's, which sets the per-sample seeds' epoch too: Accelerate's
+        ``prepare`` puts a sampler of its own into this batch sampler and then sets the epoch on
+        the batch sampler, and the samples still get it."""
         batches = loader.batch_sampler
         if type(batches) is BatchSampler and isinstance(batches.sampler, EpochShuffle):
-            # (DataLoader refuses a new batch_sampler once made: this one deals the same)
-            again = _EpochBatches(batches.sampler, batches.batch_size, batches.drop_last)
-            object.__setattr__(loader, "batch_sampler", again)
+            # an attribute, not a subclass: PyTorch Lightning and Accelerate tell a batch sampler
+            # of one's own by its type, and rebuild a loader differently around one
+            batches.set_epoch = batches.sampler.set_epoch  # type: ignore[attr-defined]
 
     def set_epoch(self, epoch: int) -> None:
         if isinstance(epoch, bool) or not hasattr(type(epoch), "__index__"):
@@ -89,15 +92,6 @@ class EpochShuffle(RandomSampler):
             return
         # (an initial_seed() may be 2**64 - 1)
         yield from _permutation(len(self.data_source), (self.seed + self.epoch) % (1 << 64))
-
-
-class _EpochBatches(BatchSampler):
-    """A BatchSampler over an EpochShuffle that passes ``set_epoch`` on to it."""
-
-    plain_batches = True  # batches as BatchSampler's (no index read twice in an epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)  # type: ignore[union-attr]
 
 
 class DistributedSampler(TorchDistributedSampler[int]):
