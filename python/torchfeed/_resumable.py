@@ -312,8 +312,8 @@ class ResumableLoader(DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         """The sampler's ``set_epoch`` (if it has one), where the HF Trainer looks for it."""
-        if hasattr(self._epoch_sampler(), "set_epoch"):
-            self._epoch_sampler().set_epoch(epoch)
+        if (set_epoch := getattr(self._epoch_sampler(), "set_epoch", None)) is not None:
+            set_epoch(epoch)
 
     def _epoch_sampler(self) -> Any:
         """The sampler under the batch sampler, else the loader's."""
